@@ -1,0 +1,395 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// SequentialInboxSpec declares one sequential inbox: where records come from, how they are
+// sequenced, where the inbox state lives and where released messages go.
+// +kubebuilder:validation:XValidation:rule="!has(self.database.connectionBudget) || self.database.poolSize <= self.database.connectionBudget",message="spec.database.poolSize must not exceed spec.database.connectionBudget"
+type SequentialInboxSpec struct {
+	// Kafka is where the records are read from.
+	Kafka KafkaSpec `json:"kafka"`
+
+	// Database is the PostgreSQL database that keeps the inbox state.
+	Database DatabaseSpec `json:"database"`
+
+	// Sink is the team's HTTP service that receives released messages as CloudEvents.
+	Sink SinkSpec `json:"sink"`
+
+	// DeadLetterTopic receives records that cannot be processed (undecodable, undeclared type,
+	// invalid subtype, finally failed, or deleted by housekeeping while waiting).
+	// Defaults to "<consumerGroup>.dlq".
+	// +optional
+	// +kubebuilder:validation:MaxLength=249
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9._-]+$`
+	DeadLetterTopic string `json:"deadLetterTopic,omitempty"`
+
+	// Sequences lists which message types form which sequence and in which order they are released.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=map
+	// +listMapKey=name
+	Sequences []SequenceSpec `json:"sequences"`
+
+	// SequencingStartTime starts sequencing at this time. Before it, every message is delivered at
+	// once and recorded as PROCESSED (recording mode), so that a sequence can be introduced on a
+	// live topic. Unset: sequencing is active from the start.
+	// +optional
+	SequencingStartTime *metav1.Time `json:"sequencingStartTime,omitempty"`
+
+	// Housekeeping controls the removal of closed and expired sequence instances.
+	// +optional
+	// +kubebuilder:default={}
+	Housekeeping HousekeepingSpec `json:"housekeeping,omitempty"`
+
+	// Replicas is the number of consumer pods.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// Image of the consumer and the migration Job. Defaults to the operator's own image, so that
+	// operator, migrations and engine are one release.
+	// +optional
+	Image string `json:"image,omitempty"`
+
+	// UpgradeStrategy says whether a rollout that changes the claim protocol stops the old
+	// consumers on its own (Automatic) or waits for approval (Supervised, annotation
+	// inbox.seqinbox.dev/approve-rollout set to the target engine version).
+	// +optional
+	// +kubebuilder:default=Automatic
+	UpgradeStrategy UpgradeStrategy `json:"upgradeStrategy,omitempty"`
+
+	// Resources of the consumer container.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+}
+
+// UpgradeStrategy decides who lets an incompatible rollout stop the running consumers.
+// +kubebuilder:validation:Enum=Automatic;Supervised
+type UpgradeStrategy string
+
+const (
+	// UpgradeAutomatic stops old consumers on its own when the claim protocol changes.
+	UpgradeAutomatic UpgradeStrategy = "Automatic"
+	// UpgradeSupervised waits for the approval annotation before stopping old consumers.
+	UpgradeSupervised UpgradeStrategy = "Supervised"
+)
+
+// KafkaSpec says where records are read from and as which consumer group.
+type KafkaSpec struct {
+	// BootstrapServers are host:port pairs of the Kafka brokers.
+	// +kubebuilder:validation:MinItems=1
+	BootstrapServers []string `json:"bootstrapServers"`
+
+	// Topics are read by the consumer group.
+	// +kubebuilder:validation:MinItems=1
+	// +listType=set
+	Topics []string `json:"topics"`
+
+	// ConsumerGroup is the Kafka consumer group. It cannot change: a new group would re-read the
+	// topics from its reset offset.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=249
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.kafka.consumerGroup is immutable; create a new SequentialInbox for a new group"
+	ConsumerGroup string `json:"consumerGroup"`
+
+	// MaxPollIntervalMs is the longest a consumer may take for one record before the group
+	// rebalances; it becomes franz-go's rebalance timeout and bounds each record's processing.
+	// +optional
+	// +kubebuilder:default=300000
+	// +kubebuilder:validation:Minimum=10000
+	// +kubebuilder:validation:Maximum=3600000
+	MaxPollIntervalMs int32 `json:"maxPollIntervalMs,omitempty"`
+
+	// TLS enables TLS to the brokers.
+	// +optional
+	TLS *KafkaTLS `json:"tls,omitempty"`
+
+	// SASL authenticates to the brokers.
+	// +optional
+	SASL *KafkaSASL `json:"sasl,omitempty"`
+}
+
+// KafkaTLS configures TLS to the brokers.
+type KafkaTLS struct {
+	// CASecretRef names a Secret key holding the PEM CA bundle; unset uses the system roots.
+	// +optional
+	CASecretRef *corev1.SecretKeySelector `json:"caSecretRef,omitempty"`
+}
+
+// KafkaSASL configures SASL authentication to the brokers.
+type KafkaSASL struct {
+	// Mechanism is the SASL mechanism.
+	// +kubebuilder:validation:Enum=PLAIN;SCRAM-SHA-256;SCRAM-SHA-512
+	Mechanism string `json:"mechanism"`
+	// UsernameSecretRef names the Secret key holding the user name.
+	UsernameSecretRef corev1.SecretKeySelector `json:"usernameSecretRef"`
+	// PasswordSecretRef names the Secret key holding the password.
+	PasswordSecretRef corev1.SecretKeySelector `json:"passwordSecretRef"`
+}
+
+// DatabaseSpec says where the inbox state lives and how many connections a consumer may use.
+type DatabaseSpec struct {
+	// URLSecretRef names the Secret key that holds the PostgreSQL connection URL.
+	URLSecretRef corev1.SecretKeySelector `json:"urlSecretRef"`
+
+	// PoolSize is the number of connections per consumer pod. A record in flight holds up to two.
+	// +optional
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=2
+	// +kubebuilder:validation:Maximum=1000
+	PoolSize int32 `json:"poolSize,omitempty"`
+
+	// ConnectionBudget is the number of connections the database grants this inbox in total;
+	// poolSize × replicas (plus the migration Job's one) must fit into it.
+	// +optional
+	// +kubebuilder:validation:Minimum=2
+	ConnectionBudget *int32 `json:"connectionBudget,omitempty"`
+
+	// IdleLockTimeout bounds how long the release transaction may hold the instance lock while idle
+	// (PostgreSQL idle_in_transaction_session_timeout).
+	// +optional
+	// +kubebuilder:default="30s"
+	IdleLockTimeout metav1.Duration `json:"idleLockTimeout,omitempty"`
+}
+
+// SinkSpec is the team's HTTP service that receives released messages.
+type SinkSpec struct {
+	// URL receives an HTTP POST per released message, in CloudEvents binary mode.
+	// +kubebuilder:validation:Pattern=`^https?://`
+	URL string `json:"url"`
+
+	// Timeout of one delivery attempt.
+	// +optional
+	// +kubebuilder:default="10s"
+	Timeout metav1.Duration `json:"timeout,omitempty"`
+
+	// Retries after a failed attempt (non-2xx, timeout, connection error) before the message is
+	// marked FAILED; attempts back off exponentially.
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=20
+	Retries *int32 `json:"retries,omitempty"`
+
+	// InitialBackoff is the wait before the first retry; it doubles for each further retry.
+	// +optional
+	// +kubebuilder:default="200ms"
+	InitialBackoff metav1.Duration `json:"initialBackoff,omitempty"`
+}
+
+// HousekeepingSpec controls the removal of closed and expired sequence instances.
+type HousekeepingSpec struct {
+	// Interval between housekeeping runs (one consumer at a time runs it).
+	// +optional
+	// +kubebuilder:default="5m"
+	Interval metav1.Duration `json:"interval,omitempty"`
+
+	// ExpiryDelay is how long an instance past its retention is kept before it is deleted.
+	// +optional
+	// +kubebuilder:default="1h"
+	ExpiryDelay metav1.Duration `json:"expiryDelay,omitempty"`
+
+	// BatchSize is the number of instances deleted per transaction.
+	// +optional
+	// +kubebuilder:default=500
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	BatchSize int32 `json:"batchSize,omitempty"`
+
+	// MaxDuration bounds one housekeeping run.
+	// +optional
+	// +kubebuilder:default="1m"
+	MaxDuration metav1.Duration `json:"maxDuration,omitempty"`
+}
+
+// SequenceSpec is one sequence: the message types whose messages of one context are released in order.
+type SequenceSpec struct {
+	// Name of the sequence, unique within the inbox.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z][a-zA-Z0-9_-]*$`
+	Name string `json:"name"`
+
+	// Retention is how long an instance of this sequence is kept after it was created; its claims
+	// (the idempotence guarantee) go with it. At least one minute.
+	Retention metav1.Duration `json:"retention"`
+
+	// Messages are the (qualified) message types of the sequence.
+	// +kubebuilder:validation:MaxItems=64
+	Messages []MessageSpec `json:"messages"`
+}
+
+// MessageSpec declares one (qualified) message type of a sequence and how to read it.
+// +kubebuilder:validation:XValidation:rule="!has(self.subtype) || has(self.subtypeFrom)",message="subtypeFrom is required when subtype is set"
+type MessageSpec struct {
+	// Type is the message type, for example the CloudEvents type `OrderCreated`.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:Pattern=`^[^.\s]+$`
+	Type string `json:"type"`
+
+	// Subtype makes the qualified type `<type>.<subtype>`; the value is read per record from
+	// SubtypeFrom.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[^.\s]+$`
+	Subtype string `json:"subtype,omitempty"`
+
+	// SubtypeFrom says where a record carries its subtype. Required when subtype is set.
+	// +optional
+	SubtypeFrom *FieldSource `json:"subtypeFrom,omitempty"`
+
+	// ContextID says where a record carries its context ID. Defaults to the record key.
+	// A record whose context ID is empty is delivered without sequencing.
+	// +optional
+	ContextID *FieldSource `json:"contextId,omitempty"`
+
+	// IdempotenceID says where a record carries its idempotence ID. Defaults to the CloudEvents id.
+	// +optional
+	IdempotenceID *FieldSource `json:"idempotenceId,omitempty"`
+
+	// Filter is a CEL expression over the record (`type`, `headers`, `key`, `payload`); false
+	// delivers the record without sequencing.
+	// +optional
+	Filter string `json:"filter,omitempty"`
+
+	// ReleaseCondition says which qualified types of this sequence must have been processed in the
+	// instance before a message of this type is released. Unset: released at once.
+	// +optional
+	ReleaseCondition *ReleaseCondition `json:"releaseCondition,omitempty"`
+}
+
+// FieldSource names one place of a record: a header, a JSON pointer into the payload, or the key.
+// +kubebuilder:validation:XValidation:rule="[has(self.header), has(self.jsonPointer), has(self.key) && self.key].filter(x, x).size() == 1",message="set exactly one of header, jsonPointer or key"
+type FieldSource struct {
+	// Header is the name of a record header (CloudEvents attributes are `ce_<name>`, for example `ce_id`).
+	// +optional
+	Header string `json:"header,omitempty"`
+	// JSONPointer is an RFC 6901 pointer into the JSON payload, for example `/orderId`.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^(/.*)?$`
+	JSONPointer string `json:"jsonPointer,omitempty"`
+	// Key reads the record key.
+	// +optional
+	Key bool `json:"key,omitempty"`
+}
+
+// ReleaseCondition is the top of a release condition tree: exactly one of predecessor, and, or.
+// Three levels of nesting are expressible, which keeps the CRD schema structural.
+// +kubebuilder:validation:XValidation:rule="[has(self.predecessor), has(self.and), has(self.or)].filter(x, x).size() == 1",message="set exactly one of predecessor, and or or"
+type ReleaseCondition struct {
+	// Predecessor is a qualified type that must have been processed.
+	// +optional
+	Predecessor string `json:"predecessor,omitempty"`
+	// And holds when every operand holds.
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	And []ReleaseConditionTerm `json:"and,omitempty"`
+	// Or holds when any operand holds.
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	Or []ReleaseConditionTerm `json:"or,omitempty"`
+}
+
+// ReleaseConditionTerm is the second level of a release condition tree.
+// +kubebuilder:validation:XValidation:rule="[has(self.predecessor), has(self.and), has(self.or)].filter(x, x).size() == 1",message="set exactly one of predecessor, and or or"
+type ReleaseConditionTerm struct {
+	// Predecessor is a qualified type that must have been processed.
+	// +optional
+	Predecessor string `json:"predecessor,omitempty"`
+	// And holds when every operand holds.
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	And []ReleaseConditionLeaf `json:"and,omitempty"`
+	// Or holds when any operand holds.
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	Or []ReleaseConditionLeaf `json:"or,omitempty"`
+}
+
+// ReleaseConditionLeaf is the third and last level of a release condition tree.
+type ReleaseConditionLeaf struct {
+	// Predecessor is a qualified type that must have been processed.
+	// +kubebuilder:validation:MinLength=1
+	Predecessor string `json:"predecessor"`
+}
+
+// SequentialInboxStatus is what the operator observed and decided.
+type SequentialInboxStatus struct {
+	// ObservedGeneration is the generation of the last fully reconciled spec.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Conditions: Ready, ConfigValid, SchemaReady, RolloutBlocked, Progressing, Degraded.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// SchemaVersion is the database schema version reported by the last successful migration.
+	// +optional
+	SchemaVersion int32 `json:"schemaVersion,omitempty"`
+
+	// RunningEngineVersion is the engine version of the consumers currently allowed to run.
+	// +optional
+	RunningEngineVersion string `json:"runningEngineVersion,omitempty"`
+
+	// RunningClaimProtocol is the claim protocol of the consumers currently allowed to run.
+	// +optional
+	RunningClaimProtocol string `json:"runningClaimProtocol,omitempty"`
+
+	// TargetEngineVersion is the engine version of the image the spec asks for.
+	// +optional
+	TargetEngineVersion string `json:"targetEngineVersion,omitempty"`
+
+	// TargetClaimProtocol is the claim protocol of the image the spec asks for.
+	// +optional
+	TargetClaimProtocol string `json:"targetClaimProtocol,omitempty"`
+
+	// ConfigHash is the hash of the rendered engine configuration on the pod template.
+	// +optional
+	ConfigHash string `json:"configHash,omitempty"`
+
+	// ReplicasReady is the number of ready consumer pods.
+	// +optional
+	ReplicasReady int32 `json:"replicasReady,omitempty"`
+}
+
+// SequentialInbox runs a Kafka consumer that hands each logical message once, in sequence order,
+// to the team's HTTP service.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=sqi,categories=seqinbox
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
+// +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.status.replicasReady`
+// +kubebuilder:printcolumn:name="Schema",type=integer,JSONPath=`.status.schemaVersion`
+// +kubebuilder:printcolumn:name="Running",type=string,JSONPath=`.status.runningEngineVersion`
+// +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.status.targetEngineVersion`
+// +kubebuilder:printcolumn:name="Blocked",type=string,JSONPath=`.status.conditions[?(@.type=="RolloutBlocked")].status`,priority=1
+// +kubebuilder:printcolumn:name="Protocol",type=string,JSONPath=`.status.runningClaimProtocol`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type SequentialInbox struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec SequentialInboxSpec `json:"spec"`
+	// +optional
+	Status SequentialInboxStatus `json:"status,omitempty"`
+}
+
+// SequentialInboxList is a list of SequentialInbox, required by the API machinery.
+// +kubebuilder:object:root=true
+type SequentialInboxList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []SequentialInbox `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&SequentialInbox{}, &SequentialInboxList{})
+}
