@@ -6,6 +6,7 @@ package filter
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/google/cel-go/cel"
 	"github.com/google/cel-go/common/types"
@@ -60,7 +61,7 @@ func Compile(expr string) (*Program, error) {
 	}
 	ast, issues := env.Compile(expr)
 	if issues.Err() != nil {
-		return nil, fmt.Errorf("filter %q is not valid CEL over type, subtype, headers, key and payload: %w", expr, issues.Err())
+		return nil, fmt.Errorf("filter %q is not valid CEL over type, subtype, headers, key and payload: %s", expr, oneLine(issues))
 	}
 	if !ast.OutputType().IsExactType(cel.BoolType) {
 		return nil, fmt.Errorf("filter %q yields %s, not bool; a filter must say true (sequence the record) or false (deliver it at once), for example compare with == true", expr, ast.OutputType())
@@ -70,6 +71,20 @@ func Compile(expr string) (*Program, error) {
 		return nil, fmt.Errorf("filter %q: %w", expr, err)
 	}
 	return &Program{expr: expr, program: program}, nil
+}
+
+// oneLine renders compile issues on one line ("column 4: Syntax error: ..."), so that they fit
+// into a status condition; multi-line expressions also name the line.
+func oneLine(issues *cel.Issues) string {
+	parts := make([]string, 0, len(issues.Errors()))
+	for _, e := range issues.Errors() {
+		at := fmt.Sprintf("column %d", e.Location.Column()+1)
+		if e.Location.Line() > 1 {
+			at = fmt.Sprintf("line %d %s", e.Location.Line(), at)
+		}
+		parts = append(parts, at+": "+e.Message)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // String returns the source expression, for logs and dead-letter headers.

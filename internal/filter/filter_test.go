@@ -14,8 +14,9 @@ func TestCompileRejectsInvalidExpressionsWithAClearMessage(t *testing.T) {
 		// want are substrings the error must contain.
 		want []string
 	}{
-		{"syntax error names the position", "payload.test ==", []string{`"payload.test =="`, "Syntax error", "1:"}},
+		{"syntax error names the position", "payload.test ==", []string{`"payload.test =="`, "column 16: Syntax error"}},
 		{"empty expression", "", []string{"Syntax error"}},
+		{"error on a later line names the line", "type == 'A' &&\n  payload.", []string{"line 2 column 11: Syntax error"}},
 		{"undeclared variable", "value == 'x'", []string{"undeclared reference to 'value'", "type, subtype, headers, key and payload"}},
 		{"string result", "headers['ce_source']", []string{"yields string, not bool"}},
 		{"dyn result from the payload", "payload.test", []string{"yields dyn, not bool", "== true"}},
@@ -27,6 +28,9 @@ func TestCompileRejectsInvalidExpressionsWithAClearMessage(t *testing.T) {
 			p, err := Compile(tt.expr)
 			if err == nil {
 				t.Fatalf("Compile(%q) = %v, want an error", tt.expr, p)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("Compile(%q) error spans several lines, it must fit a status condition: %q", tt.expr, err)
 			}
 			for _, w := range tt.want {
 				if !strings.Contains(err.Error(), w) {
