@@ -175,38 +175,36 @@ func (s *Sequence) Complete(processed map[string]bool) bool {
 	return true
 }
 
-// LongestChain is the largest number of messages of one instance that a single record can release
-// in a row (the depth of the predecessor graph), used to budget maxPollIntervalMs.
+// LongestChain is the largest number of listener calls that one record can cause in its instance
+// when each type occurs once: the record itself plus every type that waits for it directly or
+// transitively, because the record's release transaction releases all of them in a row. The
+// operator budgets maxPollIntervalMs against it. (The depth of the predecessor graph would
+// undercount fan-out: a late OrderCreated releases OrderPaid and OrderValidated both.)
 func (s *Sequence) LongestChain() int {
-	byName := make(map[string]*MessageType, len(s.Types))
+	dependents := map[string][]string{}
 	for _, t := range s.Types {
-		byName[t.Qualified] = t
-	}
-	depth := map[string]int{}
-	var visit func(t *MessageType, onPath map[string]bool) int
-	visit = func(t *MessageType, onPath map[string]bool) int {
-		if d, ok := depth[t.Qualified]; ok {
-			return d
+		if t.Condition == nil {
+			continue
 		}
-		if onPath[t.Qualified] {
-			return 0
+		for _, p := range t.Condition.Predecessors() {
+			dependents[p] = append(dependents[p], t.Qualified)
 		}
-		onPath[t.Qualified] = true
-		d := 1
-		if t.Condition != nil {
-			for _, p := range t.Condition.Predecessors() {
-				if pt, ok := byName[p]; ok {
-					d = max(d, visit(pt, onPath)+1)
-				}
-			}
-		}
-		delete(onPath, t.Qualified)
-		depth[t.Qualified] = d
-		return d
 	}
 	longest := 0
 	for _, t := range s.Types {
-		longest = max(longest, visit(t, map[string]bool{}))
+		released := map[string]bool{t.Qualified: true}
+		queue := []string{t.Qualified}
+		for len(queue) > 0 {
+			next := queue[0]
+			queue = queue[1:]
+			for _, d := range dependents[next] {
+				if !released[d] {
+					released[d] = true
+					queue = append(queue, d)
+				}
+			}
+		}
+		longest = max(longest, len(released))
 	}
 	return longest
 }
