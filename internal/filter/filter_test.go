@@ -196,3 +196,11 @@ func BenchmarkEval(b *testing.B) {
 		})
 	}
 }
+
+func BenchmarkCompile(b *testing.B) {
+	for b.Loop() {
+		if _, err := Compile("!(has(payload.test) && payload.test == true)"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

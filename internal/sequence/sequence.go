@@ -211,7 +211,7 @@ func (s *Sequence) LongestChain() int {
 
 // Set is the whole compiled declaration of one inbox.
 type Set struct {
-	sequences []*Sequence
+	sequences   []*Sequence
 	byQualified map[string]*MessageType
 	byType      map[string][]*MessageType
 }
