@@ -1,0 +1,137 @@
+package v1alpha1_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	corev1 "k8s.io/api/core/v1"
+
+	v1alpha1 "github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/testenv"
+)
+
+var k8s client.Client
+
+// TestMain installs the generated CRD into a real API server (envtest) shared by the tests here.
+func TestMain(m *testing.M) {
+	env, err := testenv.APIServer()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start envtest:", err)
+		os.Exit(2)
+	}
+	scheme := runtime.NewScheme()
+	_ = v1alpha1.AddToScheme(scheme)
+	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	code := m.Run()
+	_ = env.Stop()
+	os.Exit(code)
+}
+
+func validInbox(name string) *v1alpha1.SequentialInbox {
+	return &v1alpha1.SequentialInbox{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: v1alpha1.SequentialInboxSpec{
+			Kafka: v1alpha1.KafkaSpec{BootstrapServers: []string{"kafka:9092"}, Topics: []string{"orders"}, ConsumerGroup: name},
+			Database: v1alpha1.DatabaseSpec{URLSecretRef: corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: "db"}, Key: "url"}},
+			Sink: v1alpha1.SinkSpec{URL: "http://orders.default.svc/events"},
+			Sequences: []v1alpha1.SequenceSpec{{
+				Name: "order", Retention: metav1.Duration{Duration: 3600e9},
+				Messages: []v1alpha1.MessageSpec{
+					{Type: "OrderCreated"},
+					{Type: "OrderShipped", ReleaseCondition: &v1alpha1.ReleaseCondition{And: []v1alpha1.ReleaseConditionTerm{
+						{Predecessor: "OrderCreated"},
+						{Or: []v1alpha1.ReleaseConditionLeaf{{Predecessor: "OrderPaid"}, {Predecessor: "OrderWaived"}}},
+					}}},
+				},
+			}},
+		},
+	}
+}
+
+func TestCreatedInboxReadsBackWithDefaults(t *testing.T) {
+	ctx := context.Background()
+	in := validInbox("read-back")
+	if err := k8s.Create(ctx, in); err != nil {
+		t.Fatalf("create a valid SequentialInbox: %v", err)
+	}
+	var got v1alpha1.SequentialInbox
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(in), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.Kafka.MaxPollIntervalMs != 300000 || got.Spec.Database.PoolSize != 10 ||
+		ptr.Deref(got.Spec.Replicas, -1) != 1 || got.Spec.UpgradeStrategy != v1alpha1.UpgradeAutomatic ||
+		ptr.Deref(got.Spec.Sink.Retries, -1) != 3 {
+		t.Errorf("defaults not applied by the API server: %+v", got.Spec)
+	}
+	cond := got.Spec.Sequences[0].Messages[1].ReleaseCondition
+	if cond == nil || len(cond.And) != 2 || len(cond.And[1].Or) != 2 || cond.And[1].Or[1].Predecessor != "OrderWaived" {
+		t.Errorf("nested release condition did not round-trip: %+v", cond)
+	}
+}
+
+func TestAPIServerRejectsInvalidInboxes(t *testing.T) {
+	cases := map[string]struct {
+		mutate func(*v1alpha1.SequentialInbox)
+		want   string
+	}{
+		"no topics":          {func(s *v1alpha1.SequentialInbox) { s.Spec.Kafka.Topics = nil }, "spec.kafka.topics"},
+		"pool size of one":   {func(s *v1alpha1.SequentialInbox) { s.Spec.Database.PoolSize = 1 }, "spec.database.poolSize"},
+		"sink without http":  {func(s *v1alpha1.SequentialInbox) { s.Spec.Sink.URL = "ftp://x" }, "spec.sink.url"},
+		"unknown strategy":   {func(s *v1alpha1.SequentialInbox) { s.Spec.UpgradeStrategy = "Sometimes" }, "spec.upgradeStrategy"},
+		"pool over budget":   {func(s *v1alpha1.SequentialInbox) { s.Spec.Database.ConnectionBudget = ptr.To[int32](4) }, "connectionBudget"},
+		"subtype, no source": {func(s *v1alpha1.SequentialInbox) { s.Spec.Sequences[0].Messages[0].Subtype = "X" }, "subtypeFrom is required"},
+		"condition with predecessor and and": {func(s *v1alpha1.SequentialInbox) {
+			s.Spec.Sequences[0].Messages[1].ReleaseCondition.Predecessor = "OrderCreated"
+		}, "exactly one of predecessor, and or or"},
+		"context id from two places": {func(s *v1alpha1.SequentialInbox) {
+			s.Spec.Sequences[0].Messages[0].ContextID = &v1alpha1.FieldSource{Header: "h", Key: true}
+		}, "exactly one of header, jsonPointer or key"},
+	}
+	i := 0
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			i++
+			in := validInbox(fmt.Sprintf("invalid-%d", i))
+			tc.mutate(in)
+			err := k8s.Create(context.Background(), in)
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("create = %v, want an Invalid error", err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not name %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestConsumerGroupIsImmutable(t *testing.T) {
+	ctx := context.Background()
+	in := validInbox("immutable-group")
+	if err := k8s.Create(ctx, in); err != nil {
+		t.Fatal(err)
+	}
+	in.Spec.Kafka.ConsumerGroup = "another-group"
+	err := k8s.Update(ctx, in)
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "immutable") {
+		t.Fatalf("update of the consumer group = %v, want rejection as immutable", err)
+	}
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Fails when a generated file (CRDs, RBAC, DeepCopy) is stale or Go code is unformatted:
+# regenerates into the work tree and compares with what was there before.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+generated=(config/crd/bases config/rbac api/v1alpha1/zz_generated.deepcopy.go)
+before=$(mktemp -d)
+trap 'rm -rf "$before"' EXIT
+for p in "${generated[@]}"; do
+  [ -e "$p" ] && mkdir -p "$before/$(dirname "$p")" && cp -r "$p" "$before/$p"
+done
+
+make --no-print-directory manifests generate >/dev/null
+
+stale=0
+for p in "${generated[@]}"; do
+  if ! diff -r "$before/$p" "$p" >/dev/null 2>&1; then
+    echo "verify: $p is stale; run 'make manifests generate' and commit the result:" >&2
+    diff -ru "$before/$p" "$p" >&2 || true
+    stale=1
+  fi
+done
+
+unformatted=$(gofmt -l $(git ls-files '*.go'; git ls-files --others --exclude-standard '*.go'))
+if [ -n "$unformatted" ]; then
+  echo "verify: unformatted Go files (run 'make fmt'):" >&2
+  echo "$unformatted" >&2
+  stale=1
+fi
+exit $stale
