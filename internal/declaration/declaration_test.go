@@ -372,6 +372,17 @@ func TestCompileRejects(t *testing.T) {
 			},
 		},
 		{
+			name: "missing sequence name and message type",
+			sequences: `
+- retention: 24h
+  messages:
+  - {type: ""}`,
+			want: []wantErr{
+				{"spec.sequences[0].name", field.ErrorTypeRequired, []string{"name the sequence"}},
+				{"spec.sequences[0].messages[0].type", field.ErrorTypeRequired, []string{"set the message type"}},
+			},
+		},
+		{
 			name: "every error is collected, not only the first",
 			sequences: `
 - name: order
