@@ -1,0 +1,138 @@
+// Package manifest loads a SequentialInbox from the YAML file a user applies with kubectl, so that
+// `seqinbox consume -f inbox.yaml` runs outside Kubernetes with exactly the configuration the API
+// server would have stored: the file is decoded strictly and the CRD defaults are applied.
+package manifest
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
+)
+
+// Load reads the SequentialInbox from a YAML file (which may hold other documents, such as the
+// Secrets it references; they are skipped), rejects unknown fields, and applies the CRD defaults.
+func Load(path string) (*v1alpha1.SequentialInbox, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read manifest: %w", err)
+	}
+	inbox, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", path, err)
+	}
+	return inbox, nil
+}
+
+// Parse decodes the one SequentialInbox of a (multi-document) YAML stream and applies the CRD
+// defaults; Load is its file-reading wrapper.
+func Parse(data []byte) (*v1alpha1.SequentialInbox, error) {
+	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var found *v1alpha1.SequentialInbox
+	for doc := 1; ; doc++ {
+		raw, err := reader.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", doc, err)
+		}
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal(raw, &meta); err != nil {
+			return nil, fmt.Errorf("document %d: %w", doc, err)
+		}
+		if meta.Kind != "SequentialInbox" {
+			continue
+		}
+		if meta.APIVersion != v1alpha1.GroupVersion.String() {
+			return nil, fmt.Errorf("document %d: apiVersion %q: this build reads %s", doc, meta.APIVersion, v1alpha1.GroupVersion)
+		}
+		if found != nil {
+			return nil, fmt.Errorf("document %d: a second SequentialInbox; a consumer runs exactly one", doc)
+		}
+		var inbox v1alpha1.SequentialInbox
+		if err := yaml.UnmarshalStrict(raw, &inbox); err != nil {
+			return nil, fmt.Errorf("document %d (SequentialInbox %s): %w", doc, inbox.Name, err)
+		}
+		found = &inbox
+	}
+	if found == nil {
+		return nil, fmt.Errorf("no SequentialInbox (apiVersion %s) in the manifest", v1alpha1.GroupVersion)
+	}
+	Default(&found.Spec)
+	return found, nil
+}
+
+// The CRD defaults (the +kubebuilder:default markers of api/v1alpha1); TestDefaultsMatchTheCRD
+// proves they equal what the API server applies from config/crd/bases.
+const (
+	defaultMaxPollIntervalMs = 300000
+	defaultPoolSize          = 10
+	defaultIdleLockTimeout   = 30 * time.Second
+	defaultSinkTimeout       = 10 * time.Second
+	defaultSinkRetries       = 3
+	defaultInitialBackoff    = 200 * time.Millisecond
+	defaultHousekeeping      = 5 * time.Minute
+	defaultExpiryDelay       = time.Hour
+	defaultBatchSize         = 500
+	defaultMaxDuration       = time.Minute
+	defaultReplicas          = 1
+)
+
+// Default applies the defaults that the API server applies from the CRD schema, in place, so a
+// spec read from a file equals the one a consumer pod would get from the cluster. A typed spec
+// cannot tell an absent field from an explicit zero: an explicit zero duration (which would mean
+// "no time at all") is treated as unset; every other defaulted field's zero is outside its CRD
+// range or the field is a pointer.
+func Default(spec *v1alpha1.SequentialInboxSpec) {
+	if spec.Kafka.MaxPollIntervalMs == 0 {
+		spec.Kafka.MaxPollIntervalMs = defaultMaxPollIntervalMs
+	}
+	if spec.Database.PoolSize == 0 {
+		spec.Database.PoolSize = defaultPoolSize
+	}
+	defaultDuration(&spec.Database.IdleLockTimeout, defaultIdleLockTimeout)
+	defaultDuration(&spec.Sink.Timeout, defaultSinkTimeout)
+	if spec.Sink.Retries == nil {
+		retries := int32(defaultSinkRetries)
+		spec.Sink.Retries = &retries
+	}
+	defaultDuration(&spec.Sink.InitialBackoff, defaultInitialBackoff)
+	defaultDuration(&spec.Housekeeping.Interval, defaultHousekeeping)
+	defaultDuration(&spec.Housekeeping.ExpiryDelay, defaultExpiryDelay)
+	if spec.Housekeeping.BatchSize == 0 {
+		spec.Housekeeping.BatchSize = defaultBatchSize
+	}
+	defaultDuration(&spec.Housekeeping.MaxDuration, defaultMaxDuration)
+	if spec.Replicas == nil {
+		replicas := int32(defaultReplicas)
+		spec.Replicas = &replicas
+	}
+	if spec.UpgradeStrategy == "" {
+		spec.UpgradeStrategy = v1alpha1.UpgradeAutomatic
+	}
+}
+
+// DeadLetterTopic returns the spec's dead-letter topic, or "<consumerGroup>.dlq" when unset (the
+// documented default, which the CRD cannot express because it depends on another field).
+func DeadLetterTopic(spec *v1alpha1.SequentialInboxSpec) string {
+	if spec.DeadLetterTopic != "" {
+		return spec.DeadLetterTopic
+	}
+	return spec.Kafka.ConsumerGroup + ".dlq"
+}
+
+func defaultDuration(d *metav1.Duration, def time.Duration) {
+	if d.Duration == 0 {
+		d.Duration = def
+	}
+}

@@ -1,0 +1,218 @@
+package manifest
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	apiextensionsinternal "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	structuralschema "k8s.io/apiextensions-apiserver/pkg/apiserver/schema"
+	"k8s.io/apiextensions-apiserver/pkg/apiserver/schema/defaulting"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/yaml"
+
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/testenv"
+)
+
+// minimal is the smallest valid SequentialInbox: every optional field is left to its default.
+const minimal = `
+apiVersion: inbox.seqinbox.dev/v1alpha1
+kind: SequentialInbox
+metadata:
+  name: orders
+spec:
+  kafka:
+    bootstrapServers: ["localhost:9092"]
+    topics: [orders]
+    consumerGroup: orders-inbox
+  database:
+    urlSecretRef: {name: orders-db, key: url}
+  sink:
+    url: http://orders-service:8080/events
+  sequences:
+  - name: order
+    retention: 24h
+    messages:
+    - type: OrderCreated
+    - type: OrderPaid
+      releaseCondition: {predecessor: OrderCreated}
+`
+
+// everythingSet sets every defaulted field to a non-default value.
+const everythingSet = `
+apiVersion: inbox.seqinbox.dev/v1alpha1
+kind: SequentialInbox
+metadata:
+  name: orders
+spec:
+  kafka:
+    bootstrapServers: ["localhost:9092"]
+    topics: [orders]
+    consumerGroup: orders-inbox
+    maxPollIntervalMs: 60000
+  database:
+    urlSecretRef: {name: orders-db, key: url}
+    poolSize: 4
+    idleLockTimeout: 5s
+  sink:
+    url: http://orders-service:8080/events
+    timeout: 2s
+    retries: 0
+    initialBackoff: 50ms
+  deadLetterTopic: orders-dead
+  housekeeping:
+    interval: 1m
+    expiryDelay: 10m
+    batchSize: 7
+    maxDuration: 20s
+  replicas: 3
+  upgradeStrategy: Supervised
+  sequences:
+  - name: order
+    retention: 24h
+    messages:
+    - type: OrderCreated
+`
+
+func TestDefaultsMatchTheCRD(t *testing.T) {
+	schema := crdSchema(t)
+	for name, doc := range map[string]string{"minimal": minimal, "everything set": everythingSet} {
+		t.Run(name, func(t *testing.T) {
+			got, err := Parse([]byte(doc))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			want := defaultedByAPIServer(t, schema, doc)
+			if !equality.Semantic.DeepEqual(got.Spec, want.Spec) {
+				gotYAML, _ := yaml.Marshal(got.Spec)
+				wantYAML, _ := yaml.Marshal(want.Spec)
+				t.Fatalf("Default differs from the CRD defaulting.\nmanifest.Parse:\n%s\nAPI server:\n%s", gotYAML, wantYAML)
+			}
+		})
+	}
+}
+
+func TestParseAppliesDefaultsAndKeepsExplicitValues(t *testing.T) {
+	minimalSpec, err := Parse([]byte(minimal))
+	if err != nil {
+		t.Fatalf("Parse minimal: %v", err)
+	}
+	explicit, err := Parse([]byte(everythingSet))
+	if err != nil {
+		t.Fatalf("Parse everythingSet: %v", err)
+	}
+	tests := []struct {
+		name      string
+		got, want any
+	}{
+		{"default maxPollIntervalMs", minimalSpec.Spec.Kafka.MaxPollIntervalMs, int32(300000)},
+		{"default poolSize", minimalSpec.Spec.Database.PoolSize, int32(10)},
+		{"default sink timeout", minimalSpec.Spec.Sink.Timeout.Duration, 10 * time.Second},
+		{"default sink retries", *minimalSpec.Spec.Sink.Retries, int32(3)},
+		{"default housekeeping interval", minimalSpec.Spec.Housekeeping.Interval.Duration, 5 * time.Minute},
+		{"default dead-letter topic", DeadLetterTopic(&minimalSpec.Spec), "orders-inbox.dlq"},
+		{"explicit retries 0 kept", *explicit.Spec.Sink.Retries, int32(0)},
+		{"explicit poolSize kept", explicit.Spec.Database.PoolSize, int32(4)},
+		{"explicit dead-letter topic kept", DeadLetterTopic(&explicit.Spec), "orders-dead"},
+		{"explicit batch size kept", explicit.Spec.Housekeeping.BatchSize, int32(7)},
+	}
+	for _, tt := range tests {
+		if tt.got != tt.want {
+			t.Errorf("%s: got %v, want %v", tt.name, tt.got, tt.want)
+		}
+	}
+}
+
+func TestParseRejects(t *testing.T) {
+	tests := []struct {
+		name, doc, wantErr string
+	}{
+		{"unknown field", strings.Replace(minimal, "  sink:\n", "  sinc: {}\n  sink:\n", 1), `unknown field "sinc"`},
+		{"other apiVersion", strings.Replace(minimal, "v1alpha1", "v1beta9", 1), `apiVersion "inbox.seqinbox.dev/v1beta9"`},
+		{"no inbox", "apiVersion: v1\nkind: Secret\nmetadata: {name: x}\n", "no SequentialInbox"},
+		{"two inboxes", minimal + "\n---\n" + minimal, "a second SequentialInbox"},
+		{"not YAML", "spec: [", "document 1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse([]byte(tt.doc))
+			if err == nil {
+				t.Fatalf("Parse accepted it: %+v", got)
+			}
+			if !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("error %q does not say %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestLoadSkipsOtherDocuments(t *testing.T) {
+	secret := "apiVersion: v1\nkind: Secret\nmetadata: {name: orders-db}\nstringData: {url: postgres://x}\n"
+	path := filepath.Join(t.TempDir(), "inbox.yaml")
+	if err := os.WriteFile(path, []byte(secret+"---\n"+minimal), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Load(path)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if got.Name != "orders" || got.Spec.Kafka.ConsumerGroup != "orders-inbox" {
+		t.Fatalf("loaded the wrong document: %s / %s", got.Name, got.Spec.Kafka.ConsumerGroup)
+	}
+}
+
+// crdSchema returns the structural schema of the committed CRD, as the API server builds it.
+func crdSchema(t *testing.T) *structuralschema.Structural {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "config", "crd", "bases", "inbox.seqinbox.dev_sequentialinboxes.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crd apiextensionsv1.CustomResourceDefinition
+	if err := yaml.Unmarshal(data, &crd); err != nil {
+		t.Fatalf("decode CRD: %v", err)
+	}
+	var version *apiextensionsv1.CustomResourceDefinitionVersion
+	for i := range crd.Spec.Versions {
+		if crd.Spec.Versions[i].Name == v1alpha1.GroupVersion.Version {
+			version = &crd.Spec.Versions[i]
+		}
+	}
+	if version == nil {
+		t.Fatalf("CRD has no version %s", v1alpha1.GroupVersion.Version)
+	}
+	var internal apiextensionsinternal.JSONSchemaProps
+	if err := apiextensionsv1.Convert_v1_JSONSchemaProps_To_apiextensions_JSONSchemaProps(version.Schema.OpenAPIV3Schema, &internal, nil); err != nil {
+		t.Fatalf("convert schema: %v", err)
+	}
+	structural, err := structuralschema.NewStructural(&internal)
+	if err != nil {
+		t.Fatalf("structural schema: %v", err)
+	}
+	return structural
+}
+
+// defaultedByAPIServer applies the CRD's defaults to the manifest the way the API server does
+// (structural defaulting on the unstructured object) and decodes the result.
+func defaultedByAPIServer(t *testing.T, schema *structuralschema.Structural, doc string) *v1alpha1.SequentialInbox {
+	t.Helper()
+	var obj map[string]any
+	if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+		t.Fatal(err)
+	}
+	defaulting.Default(obj, schema)
+	var inbox v1alpha1.SequentialInbox
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj, &inbox); err != nil {
+		t.Fatalf("decode defaulted object: %v", err)
+	}
+	return &inbox
+}
