@@ -15,6 +15,7 @@ make --no-print-directory manifests generate >/dev/null
 
 stale=0
 for p in "${generated[@]}"; do
+  [ -e "$p" ] || [ -e "$before/$p" ] || continue
   if ! diff -r "$before/$p" "$p" >/dev/null 2>&1; then
     echo "verify: $p is stale; run 'make manifests generate' and commit the result:" >&2
     diff -ru "$before/$p" "$p" >&2 || true
@@ -22,7 +23,7 @@ for p in "${generated[@]}"; do
   fi
 done
 
-unformatted=$(gofmt -l $(git ls-files '*.go'; git ls-files --others --exclude-standard '*.go'))
+unformatted=$(gofmt -l $(find . -name "*.go" -not -path "./.git/*" -not -path "./dist/*" -not -path "./bin/*"))
 if [ -n "$unformatted" ]; then
   echo "verify: unformatted Go files (run 'make fmt'):" >&2
   echo "$unformatted" >&2
