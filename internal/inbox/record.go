@@ -31,7 +31,7 @@ type Record struct {
 	// ContextID groups the messages of one sequence instance; empty delivers without sequencing.
 	ContextID string
 	// Sequenced is false when the type's filter said "deliver without sequencing".
-	Sequenced bool
+	Sequenced  bool
 	Key, Value []byte
 	Headers    []Header
 	Origin     Origin

@@ -1,0 +1,334 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/seqinbox/seqinbox/internal/sequence"
+)
+
+// T1 and T2 are written as explicit BEGIN/COMMIT statements on a pooled connection so that they
+// can be pipelined with their first and last statements (one network round trip each). A
+// connection returned to the pool inside a transaction is closed by pgxpool, so an error path
+// can never leak an open transaction into the pool.
+const (
+	beginReadCommittedSQL = `BEGIN ISOLATION LEVEL READ COMMITTED`
+	commitSQL             = `COMMIT`
+	rollbackSQL           = `ROLLBACK`
+)
+
+// claimSQL is T1's first statement (SPEC §3.4). Against an in-flight claim of the same key it
+// waits inside PostgreSQL until that transaction ends: 0 rows after a commit, 1 after a rollback.
+const claimSQL = `INSERT INTO sequential_inbox_idempotence (message_type, idempotence_id, sequence_instance_id, created_at)
+VALUES ($1, $2, $3, now())
+ON CONFLICT (message_type, idempotence_id) DO NOTHING`
+
+// setIdleTimeoutSQL bounds the idle time of the current transaction only (is_local = true).
+const setIdleTimeoutSQL = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
+
+// lookupMessageSQL finds the stored state of a logical message. Databases may hold historical
+// duplicates (no unique constraint, SPEC §2), so it picks the most advanced state
+// deterministically: PROCESSED before WAITING before FAILED, then the newest row.
+const lookupMessageSQL = `SELECT id, state FROM sequenced_message
+WHERE idempotence_id = $2 AND message_type = $1
+ORDER BY CASE state WHEN 'PROCESSED' THEN 0 WHEN 'WAITING' THEN 1 ELSE 2 END, id DESC
+LIMIT 1`
+
+// Message states as stored in sequenced_message.state.
+const (
+	stateWaiting   = "WAITING"
+	stateProcessed = "PROCESSED"
+	stateFailed    = "FAILED"
+)
+
+// errInstanceGone reports that housekeeping deleted the instance between its lookup and the
+// claim insert (a foreign key violation); Process looks the instance up again.
+var errInstanceGone = errors.New("sequence instance deleted concurrently")
+
+// errClaimLost reports that, while our listener ran, another delivery recorded the message: our
+// T1 must have been ended by the server (connection killed). The caller retries the record,
+// which then finds the stored state and skips it.
+var errClaimLost = errors.New("claim lost while the listener ran")
+
+// querier is what single statements need; pool, pooled connection and transaction all have it.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// storedMessage is the row lookupMessageSQL found, if any.
+type storedMessage struct {
+	id    int64
+	state string
+}
+
+// settled reports whether the message needs no further processing by a new delivery.
+func (s storedMessage) settled() bool { return s.state == stateWaiting || s.state == stateProcessed }
+
+// claim is what T1's first round trip learnt.
+type claim struct {
+	won      bool
+	existing storedMessage
+	state    instanceState
+	// idleSince is when T1 went idle after its last statement: its lease runs from here.
+	idleSince time.Time
+}
+
+// claimAndProcess is T1 (SPEC §3.4): claim the message, then skip, buffer or deliver it while the
+// claim is held. It returns the instance state read after the outcome was committed, which
+// decides whether T2 is needed.
+func (e *Engine) claimAndProcess(ctx context.Context, conn *pgxpool.Conn, instanceID int64, mt *sequence.MessageType, msg Message) (Result, instanceState, error) {
+	c, err := e.claim(ctx, conn, instanceID, msg)
+	if err != nil {
+		endQuietly(conn, rollbackSQL)
+		return Result{}, instanceState{}, err
+	}
+	var (
+		res Result
+		end = commitSQL
+	)
+	switch {
+	case !c.won:
+		e.metrics.claims.WithLabelValues("lost").Inc()
+		res.Outcome, end = Duplicate, rollbackSQL
+	case c.existing.settled():
+		// The claim was free although the message is stored: a T1 ended after its state commit,
+		// or the row predates the claim table. Committing restores the claim, so that later
+		// duplicates lose at the claim insert.
+		e.metrics.claims.WithLabelValues("won").Inc()
+		res.Outcome = Duplicate
+	case !e.recording() && mt.Condition != nil && !mt.Condition.Holds(c.state.processed):
+		e.metrics.claims.WithLabelValues("won").Inc()
+		res.Outcome = Buffered
+		err = bufferUnderClaim(ctx, conn, instanceID, c.existing, msg)
+	default:
+		e.metrics.claims.WithLabelValues("won").Inc()
+		res, end, err = e.deliverUnderClaim(ctx, instanceID, c, msg)
+	}
+	if err != nil {
+		endQuietly(conn, rollbackSQL)
+		return res, instanceState{}, err
+	}
+	after, err := endClaimTx(ctx, conn, end, instanceID)
+	if err != nil {
+		return res, instanceState{}, fmt.Errorf("claim %s/%s: %w", msg.QualifiedType, msg.Record.IdempotenceID, err)
+	}
+	if res.Outcome == Buffered {
+		e.metrics.buffered.WithLabelValues(msg.Sequence, msg.QualifiedType).Inc()
+	}
+	return res, after, nil
+}
+
+// claim begins T1 and runs, in one round trip, the claim insert (first statement), the lease,
+// the lookup of a stored state and the read of the processed types.
+func (e *Engine) claim(ctx context.Context, conn *pgxpool.Conn, instanceID int64, msg Message) (claim, error) {
+	typ, id := msg.QualifiedType, msg.Record.IdempotenceID
+	b := &pgx.Batch{}
+	b.Queue(beginReadCommittedSQL)
+	b.Queue(claimSQL, typ, id, instanceID)
+	b.Queue(setIdleTimeoutSQL, millis(e.claimLease))
+	b.Queue(lookupMessageSQL, typ, id)
+	b.Queue(instanceStateSQL, instanceID)
+	br := conn.SendBatch(ctx, b)
+	c, err := readClaim(br)
+	if closeErr := br.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == foreignKeyViolation {
+			return claim{}, fmt.Errorf("claim %s/%s: %w", typ, id, errInstanceGone)
+		}
+		return claim{}, fmt.Errorf("claim %s/%s: %w", typ, id, err)
+	}
+	c.idleSince = time.Now()
+	return c, nil
+}
+
+// foreignKeyViolation is SQLSTATE 23503.
+const foreignKeyViolation = "23503"
+
+func readClaim(br pgx.BatchResults) (claim, error) {
+	var c claim
+	if _, err := br.Exec(); err != nil {
+		return c, fmt.Errorf("begin: %w", err)
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return c, fmt.Errorf("insert claim: %w", err)
+	}
+	c.won = tag.RowsAffected() == 1
+	if _, err := br.Exec(); err != nil {
+		return c, fmt.Errorf("set claim lease: %w", err)
+	}
+	err = br.QueryRow().Scan(&c.existing.id, &c.existing.state)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return c, fmt.Errorf("look up stored message: %w", err)
+	}
+	if c.state, err = scanInstanceState(br.QueryRow()); err != nil {
+		return c, fmt.Errorf("read instance: %w", err)
+	}
+	return c, nil
+}
+
+// deliverUnderClaim invokes the listener while T1 holds the claim idle, then stores the resulting
+// state in a separate transaction that commits before T1 (SPEC §3.4). It says how T1 must end.
+func (e *Engine) deliverUnderClaim(ctx context.Context, instanceID int64, c claim, msg Message) (Result, string, error) {
+	key := msg.QualifiedType + "/" + msg.Record.IdempotenceID
+	// The listener must be done before T1's lease ends; the margin is left for the state write.
+	lctx, cancel := context.WithDeadline(ctx, c.idleSince.Add(e.cfg.ListenerDeadline))
+	defer cancel()
+	// The state connection is taken before the listener runs, so that no pool wait lies between
+	// the listener's success and the state commit.
+	stateConn, err := e.pool.Acquire(lctx)
+	if err != nil {
+		return Result{}, rollbackSQL, fmt.Errorf("claim %s: acquire state connection: %w", key, err)
+	}
+	defer stateConn.Release()
+
+	listenerErr := e.invokeListener(lctx, msg)
+	if ctx.Err() != nil {
+		// The caller abandoned the record (shutdown, revocation): not the listener's failure.
+		return Result{}, rollbackSQL, fmt.Errorf("claim %s: %w", key, ctx.Err())
+	}
+	state, end := stateProcessed, commitSQL
+	if listenerErr != nil {
+		state, end = stateFailed, rollbackSQL
+	}
+	stored, err := storeStateInNewTx(ctx, stateConn, instanceID, c.existing, state, msg)
+	if err != nil {
+		return Result{}, rollbackSQL, fmt.Errorf("claim %s: store %s: %w", key, state, err)
+	}
+	if !stored {
+		return Result{}, rollbackSQL, fmt.Errorf("claim %s: %w", key, errClaimLost)
+	}
+	if listenerErr != nil {
+		return Result{Outcome: Failed, ListenerErr: listenerErr}, end, nil
+	}
+	return Result{Outcome: Delivered}, end, nil
+}
+
+// insertStateSQL stores the state of a delivered message that had no row. The guard finds a row
+// only when someone else recorded the message after T1's lookup, which means our claim was lost.
+const insertStateSQL = `INSERT INTO sequenced_message
+  (sequence_instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
+WHERE NOT EXISTS (SELECT 1 FROM sequenced_message WHERE idempotence_id = $3 AND message_type = $2)`
+
+// updateFailedStateSQL stores the new state of a redelivered FAILED message on its row (a
+// PROCESSED message no longer needs a buffered record) and reports whether the row was still
+// FAILED.
+const updateFailedStateSQL = `WITH m AS (
+  UPDATE sequenced_message
+  SET state = $2, state_changed_at = now(), sequence_instance_id = $3, message_id = $4, topic = $5,
+      partition = $6, "offset" = $7, trace_context = $8, pending_action = NULL
+  WHERE id = $1 AND state = 'FAILED'
+  RETURNING id
+), d AS (
+  DELETE FROM buffered_message b USING m WHERE b.sequenced_message_id = m.id AND $2 = 'PROCESSED'
+)
+SELECT count(*) FROM m`
+
+// storeStateInNewTx writes the state of a message delivered under a claim in its own
+// single-statement transaction, on a connection other than T1's. It reports false when the
+// message was recorded by someone else meanwhile.
+func storeStateInNewTx(ctx context.Context, conn *pgxpool.Conn, instanceID int64, existing storedMessage, state string, msg Message) (bool, error) {
+	r, o := msg.Record, msg.Record.Origin
+	if existing.state == stateFailed {
+		var n int
+		err := conn.QueryRow(ctx, updateFailedStateSQL, existing.id, state, instanceID,
+			o.MessageID, o.Topic, o.Partition, o.Offset, traceContext(r.Headers)).Scan(&n)
+		return n == 1, err
+	}
+	tag, err := conn.Exec(ctx, insertStateSQL, instanceID, msg.QualifiedType, r.IdempotenceID,
+		o.MessageID, o.Topic, o.Partition, o.Offset, state, traceContext(r.Headers))
+	return tag.RowsAffected() == 1, err
+}
+
+// bufferNewSQL stores a message that waits for its predecessors: its WAITING row and its raw
+// record, inside T1 (no listener runs, so nothing needs to survive a rollback of T1, and the
+// claim and the buffered message commit together).
+const bufferNewSQL = `WITH m AS (
+  INSERT INTO sequenced_message
+    (sequence_instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context)
+  VALUES ($1, $2, $3, $4, $5, $6, $7, 'WAITING', $8)
+  RETURNING id, sequence_instance_id
+)
+INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
+SELECT sequence_instance_id, id, $9, $10, $11 FROM m`
+
+// bufferFailedSQL buffers a redelivered FAILED message on its row, replacing an older record.
+const bufferFailedSQL = `WITH m AS (
+  UPDATE sequenced_message
+  SET state = 'WAITING', state_changed_at = now(), sequence_instance_id = $1, message_id = $4, topic = $5,
+      partition = $6, "offset" = $7, trace_context = $8, pending_action = NULL
+  WHERE id = $12 AND message_type = $2 AND idempotence_id = $3
+  RETURNING id, sequence_instance_id
+)
+INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
+SELECT sequence_instance_id, id, $9, $10, $11 FROM m
+ON CONFLICT (sequenced_message_id) DO UPDATE
+SET sequence_instance_id = EXCLUDED.sequence_instance_id, key = EXCLUDED.key, value = EXCLUDED.value, headers = EXCLUDED.headers`
+
+// bufferUnderClaim writes the WAITING row and the raw record inside T1.
+func bufferUnderClaim(ctx context.Context, conn *pgxpool.Conn, instanceID int64, existing storedMessage, msg Message) error {
+	r, o := msg.Record, msg.Record.Origin
+	headers, err := encodeHeaders(r.Headers)
+	if err != nil {
+		return fmt.Errorf("buffer %s/%s: %w", msg.QualifiedType, r.IdempotenceID, err)
+	}
+	args := []any{instanceID, msg.QualifiedType, r.IdempotenceID, o.MessageID, o.Topic, o.Partition, o.Offset,
+		traceContext(r.Headers), r.Key, r.Value, headers}
+	sql := bufferNewSQL
+	if existing.state == stateFailed {
+		sql, args = bufferFailedSQL, append(args, existing.id)
+	}
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
+		return fmt.Errorf("buffer %s/%s: %w", msg.QualifiedType, r.IdempotenceID, err)
+	}
+	return nil
+}
+
+// endClaimTx commits or rolls back T1 and, in the same round trip, reads the instance state that
+// decides about T2; the read runs after the end of T1, so it sees T1's and the state
+// transaction's writes.
+func endClaimTx(ctx context.Context, conn *pgxpool.Conn, end string, instanceID int64) (instanceState, error) {
+	b := &pgx.Batch{}
+	b.Queue(end)
+	b.Queue(instanceStateSQL, instanceID)
+	br := conn.SendBatch(ctx, b)
+	st, err := readEnd(br, end)
+	if closeErr := br.Close(); err == nil {
+		err = closeErr
+	}
+	return st, err
+}
+
+func readEnd(br pgx.BatchResults, end string) (instanceState, error) {
+	tag, err := br.Exec()
+	if err != nil {
+		return instanceState{}, fmt.Errorf("%s: %w", end, err)
+	}
+	// COMMIT of a failed transaction answers ROLLBACK without an error.
+	if end == commitSQL && tag.String() != commitSQL {
+		return instanceState{}, fmt.Errorf("commit: transaction was rolled back (%s)", tag)
+	}
+	st, err := scanInstanceState(br.QueryRow())
+	if err != nil {
+		return instanceState{}, fmt.Errorf("read instance after %s: %w", end, err)
+	}
+	return st, nil
+}
+
+// endQuietly ends a transaction on an error path. When that fails too, the connection stays in
+// its transaction and pgxpool closes it on release, which makes the server roll back.
+func endQuietly(conn *pgxpool.Conn, end string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = conn.Exec(ctx, end)
+}

@@ -1,0 +1,287 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/seqinbox/seqinbox/internal/sequence"
+)
+
+// Listener receives released messages; in production it is the HTTP sink. It must honour the
+// context: the engine cancels it at Config.ListenerDeadline.
+type Listener interface {
+	Deliver(ctx context.Context, m Message) error
+}
+
+// Message is what the listener receives: the record, replayed byte for byte for buffered
+// messages, and where it belongs.
+type Message struct {
+	Sequence, ContextID, QualifiedType string
+	Record                             Record
+}
+
+// DeadLetterer takes messages that the engine gives up on outside of a record's own processing
+// (housekeeping deleting WAITING messages, failed operator actions).
+type DeadLetterer interface {
+	DeadLetter(ctx context.Context, m Message, reason string) error
+}
+
+// Clock is the time source of all time-based decisions (recording mode, retention, housekeeping),
+// injected so that tests control it.
+type Clock interface {
+	Now() time.Time
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+// Config tunes the engine.
+type Config struct {
+	// ListenerDeadline bounds one listener call including the sink's own retries. T1's
+	// idle_in_transaction_session_timeout is this plus leaseMargin, so that a claim never expires
+	// while its listener call may still run.
+	ListenerDeadline time.Duration
+	// IdleLockTimeout is T2's idle_in_transaction_session_timeout: how long a consumer that hangs
+	// may keep an instance locked. It is raised to ListenerDeadline plus leaseMargin when lower,
+	// because T2 calls the listener while it holds the lock, and a lock that expired during a
+	// listener call would let another consumer release the same message at the same time.
+	IdleLockTimeout time.Duration
+	// SequencingStartTime starts sequencing; before it the engine is in recording mode (every
+	// message delivered at once and stored PROCESSED). Zero: sequencing is active.
+	SequencingStartTime time.Time
+	// ExpiringSoonWindow is how far ahead of its retain_until an open instance counts as
+	// "expiring soon" in the metrics. Zero: one hour.
+	ExpiringSoonWindow time.Duration
+	// Clock is the time source; nil is the wall clock.
+	Clock Clock
+	// Log receives structured logs; the zero value discards them.
+	Log logr.Logger
+}
+
+// leaseMargin is added to the listener deadline for T1's idle timeout: it covers writing the state
+// after the listener returned and the network between engine and server.
+const leaseMargin = 5 * time.Second
+
+// maxInstanceAttempts bounds the retries when housekeeping deletes an instance between its
+// lookup and the claim insert.
+const maxInstanceAttempts = 3
+
+// ErrUndeclaredType reports a record whose qualified type no sequence declares; a configuration
+// error for that record, which the caller dead-letters.
+var ErrUndeclaredType = errors.New("undeclared message type")
+
+// ErrNoIdempotenceID reports a sequenced record without idempotence ID, which cannot be claimed;
+// the caller dead-letters it.
+var ErrNoIdempotenceID = errors.New("record has no idempotence ID")
+
+// Outcome says what Process did with a record.
+type Outcome int
+
+const (
+	// Delivered: the claim was won, the listener accepted the message, its state is PROCESSED.
+	Delivered Outcome = iota + 1
+	// Buffered: the claim was won, the release condition does not hold yet; the message is WAITING.
+	Buffered
+	// Duplicate: another delivery holds or held the claim, or the message is already WAITING or
+	// PROCESSED; the listener was not called.
+	Duplicate
+	// Bypassed: the record is not sequenced (filter false or empty context ID) and the listener
+	// accepted it; no row was written.
+	Bypassed
+	// Failed: the listener failed. For a sequenced record its state is FAILED and its claim rolled
+	// back, so that a resend can retry it; the caller dead-letters the record.
+	Failed
+)
+
+// String names the outcome for logs.
+func (o Outcome) String() string {
+	switch o {
+	case Delivered:
+		return "Delivered"
+	case Buffered:
+		return "Buffered"
+	case Duplicate:
+		return "Duplicate"
+	case Bypassed:
+		return "Bypassed"
+	case Failed:
+		return "Failed"
+	default:
+		return fmt.Sprintf("Outcome(%d)", int(o))
+	}
+}
+
+// Result is what Process did with a record and with the buffered messages its release freed.
+type Result struct {
+	Outcome Outcome
+	// ListenerErr is the listener's error when Outcome is Failed.
+	ListenerErr error
+	// Released are buffered messages that this record's release transaction delivered.
+	Released []Message
+	// ReleaseFailures are buffered messages whose release failed: they are FAILED, their claims
+	// deleted; the caller dead-letters them.
+	ReleaseFailures []Failure
+}
+
+// Failure is a buffered message whose delivery failed.
+type Failure struct {
+	Message Message
+	Origin  Origin
+	Err     error
+}
+
+// Engine is the claim engine of one inbox. It is safe for concurrent use; each concurrent
+// Process call holds up to two pool connections.
+type Engine struct {
+	pool     *pgxpool.Pool
+	set      *sequence.Set
+	listener Listener
+	cfg      Config
+	clock    Clock
+	log      logr.Logger
+	metrics  *Metrics
+	// claimLease is T1's idle_in_transaction_session_timeout, lockLease T2's.
+	claimLease, lockLease time.Duration
+}
+
+// New builds an engine. m may be nil when nobody collects metrics.
+func New(pool *pgxpool.Pool, set *sequence.Set, l Listener, cfg Config, m *Metrics) (*Engine, error) {
+	switch {
+	case pool == nil:
+		return nil, errors.New("new engine: no database pool")
+	case set == nil:
+		return nil, errors.New("new engine: no sequence set")
+	case l == nil:
+		return nil, errors.New("new engine: no listener")
+	case cfg.ListenerDeadline <= 0:
+		return nil, fmt.Errorf("new engine: listener deadline must be positive, got %s", cfg.ListenerDeadline)
+	case cfg.IdleLockTimeout <= 0:
+		return nil, fmt.Errorf("new engine: idle lock timeout must be positive, got %s", cfg.IdleLockTimeout)
+	case pool.Config().MaxConns < 2:
+		return nil, fmt.Errorf("new engine: the pool needs at least 2 connections, has %d", pool.Config().MaxConns)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = wallClock{}
+	}
+	if cfg.Log.IsZero() {
+		cfg.Log = logr.Discard()
+	}
+	if cfg.ExpiringSoonWindow <= 0 {
+		cfg.ExpiringSoonWindow = time.Hour
+	}
+	if m == nil {
+		m = NewMetrics()
+	}
+	e := &Engine{
+		pool: pool, set: set, listener: l, cfg: cfg, clock: cfg.Clock, log: cfg.Log, metrics: m,
+		claimLease: cfg.ListenerDeadline + leaseMargin,
+		lockLease:  max(cfg.IdleLockTimeout, cfg.ListenerDeadline+leaseMargin),
+	}
+	if cfg.IdleLockTimeout < e.lockLease {
+		e.log.Info("idle lock timeout raised to the listener deadline plus margin, so that a release lock never expires during a listener call",
+			"configured", cfg.IdleLockTimeout, "effective", e.lockLease)
+	}
+	m.state.bind(pool, cfg.Clock, cfg.ExpiringSoonWindow)
+	return e, nil
+}
+
+// Process handles one record (SPEC §3). The error is for infrastructure failures only (database
+// unreachable, context cancelled) and for ErrUndeclaredType / ErrNoIdempotenceID; after any
+// error the caller must not commit the record's offset. After a nil error it may.
+func (e *Engine) Process(ctx context.Context, rec Record) (Result, error) {
+	qualified := sequence.Qualify(rec.Type, rec.Subtype)
+	mt, ok := e.set.Lookup(qualified)
+	if !ok {
+		return Result{}, fmt.Errorf("process %s/%s: %w", qualified, rec.IdempotenceID, ErrUndeclaredType)
+	}
+	msg := Message{Sequence: mt.Sequence.Name, ContextID: rec.ContextID, QualifiedType: qualified, Record: rec}
+	if !rec.Sequenced || rec.ContextID == "" {
+		return e.deliverUnsequenced(ctx, msg), nil
+	}
+	if rec.IdempotenceID == "" {
+		return Result{}, fmt.Errorf("process %s in %s/%s: %w", qualified, mt.Sequence.Name, rec.ContextID, ErrNoIdempotenceID)
+	}
+
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("claim %s/%s: acquire connection: %w", qualified, rec.IdempotenceID, err)
+	}
+	defer conn.Release()
+
+	var (
+		res   Result
+		after instanceState
+	)
+	for attempt := 1; ; attempt++ {
+		instanceID, err := e.getOrCreateInstance(ctx, conn, mt.Sequence, rec.ContextID)
+		if err != nil {
+			return Result{}, err
+		}
+		res, after, err = e.claimAndProcess(ctx, conn, instanceID, mt, msg)
+		if errors.Is(err, errInstanceGone) && attempt < maxInstanceAttempts {
+			continue
+		}
+		if err != nil {
+			return res, err
+		}
+		if !after.needsRelease(mt.Sequence) {
+			e.metrics.releases.WithLabelValues("skipped").Inc()
+			return res, nil
+		}
+		e.metrics.releases.WithLabelValues("run").Inc()
+		res.Released, res.ReleaseFailures, err = e.releaseUnderInstanceLock(ctx, conn, instanceID, mt.Sequence)
+		return res, err
+	}
+}
+
+// deliverUnsequenced hands a record that is not sequenced straight to the listener (SPEC §3.2).
+func (e *Engine) deliverUnsequenced(ctx context.Context, msg Message) Result {
+	lctx, cancel := context.WithTimeout(ctx, e.cfg.ListenerDeadline)
+	defer cancel()
+	if err := e.invokeListener(lctx, msg); err != nil {
+		return Result{Outcome: Failed, ListenerErr: err}
+	}
+	return Result{Outcome: Bypassed}
+}
+
+// invokeListener calls the listener and records latency, failures and consumption.
+func (e *Engine) invokeListener(ctx context.Context, msg Message) error {
+	start := time.Now()
+	err := e.listener.Deliver(ctx, msg)
+	e.metrics.listenerDuration.WithLabelValues(msg.Sequence, msg.QualifiedType).Observe(time.Since(start).Seconds())
+	if err != nil {
+		e.metrics.listenerFailures.WithLabelValues(msg.Sequence, msg.QualifiedType).Inc()
+		e.log.Info("listener failed", "sequence", msg.Sequence, "context", msg.ContextID,
+			"type", msg.QualifiedType, "idempotenceId", msg.Record.IdempotenceID, "error", err.Error())
+		return err
+	}
+	e.metrics.consumed.WithLabelValues(msg.Sequence, msg.QualifiedType).Inc()
+	return nil
+}
+
+// recording reports whether the engine is in recording mode (SPEC §5).
+func (e *Engine) recording() bool {
+	return !e.cfg.SequencingStartTime.IsZero() && e.clock.Now().Before(e.cfg.SequencingStartTime)
+}
+
+// splitQualified recovers type and subtype of a stored qualified type; a type never contains a
+// dot (the CRD forbids it), so the first dot separates them.
+func (e *Engine) splitQualified(qualified string) (typ, subtype string) {
+	if mt, ok := e.set.Lookup(qualified); ok {
+		return mt.Type, mt.Subtype
+	}
+	typ, subtype, _ = strings.Cut(qualified, ".")
+	return typ, subtype
+}
+
+// millis renders a duration as the milliseconds string that PostgreSQL settings take.
+func millis(d time.Duration) string {
+	return fmt.Sprintf("%d", d.Milliseconds())
+}

@@ -1,0 +1,140 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/seqinbox/seqinbox/internal/sequence"
+)
+
+// selectInstanceSQL finds an existing instance; tried first because most records belong to an
+// instance that exists, and a read needs no commit.
+const selectInstanceSQL = `SELECT id FROM sequence_instance WHERE name = $1 AND context_id = $2`
+
+// insertInstanceSQL creates an instance; a concurrent creator makes it return no row, and the
+// re-read in the next statement (a new snapshot at READ COMMITTED) finds the winner's row.
+const insertInstanceSQL = `INSERT INTO sequence_instance (name, context_id, retain_until)
+VALUES ($1, $2, $3)
+ON CONFLICT (name, context_id) DO NOTHING
+RETURNING id`
+
+// getOrCreateInstance returns the id of the instance of (sequence, contextID), creating it in its
+// own single-statement transaction (SPEC §3.3). It runs outside T1 so that the new instance row is
+// committed before any claim references it and no claim holder blocks other creators.
+func (e *Engine) getOrCreateInstance(ctx context.Context, q querier, seq *sequence.Sequence, contextID string) (int64, error) {
+	// Two rounds suffice unless housekeeping deletes the winner's row between its insert and our
+	// re-read; a third covers that, a fourth would mean something is badly wrong.
+	for range maxInstanceAttempts + 1 {
+		var id int64
+		err := q.QueryRow(ctx, selectInstanceSQL, seq.Name, contextID).Scan(&id)
+		if err == nil {
+			return id, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return 0, fmt.Errorf("instance %s/%s: read: %w", seq.Name, contextID, err)
+		}
+		retainUntil := e.clock.Now().Add(seq.Retention)
+		err = q.QueryRow(ctx, insertInstanceSQL, seq.Name, contextID, retainUntil).Scan(&id)
+		if err == nil {
+			return id, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return 0, fmt.Errorf("instance %s/%s: create: %w", seq.Name, contextID, err)
+		}
+	}
+	return 0, fmt.Errorf("instance %s/%s: created and deleted concurrently %d times", seq.Name, contextID, maxInstanceAttempts+1)
+}
+
+// instanceStateSQL reads what decides whether and what to release: the instance's state, the
+// qualified types PROCESSED in it, and its WAITING messages in release order (by id).
+const instanceStateSQL = `SELECT i.state = 'OPEN', p.types, w.ids, w.types
+FROM sequence_instance i,
+  LATERAL (SELECT coalesce(array_agg(DISTINCT m.message_type), '{}') AS types
+           FROM sequenced_message m WHERE m.sequence_instance_id = i.id AND m.state = 'PROCESSED') p,
+  LATERAL (SELECT coalesce(array_agg(m.id ORDER BY m.id), '{}') AS ids,
+                  coalesce(array_agg(m.message_type ORDER BY m.id), '{}') AS types
+           FROM sequenced_message m WHERE m.sequence_instance_id = i.id AND m.state = 'WAITING') w
+WHERE i.id = $1`
+
+// instanceState is one read of instanceStateSQL. A missing instance (deleted by housekeeping)
+// reads as closed and empty.
+type instanceState struct {
+	open      bool
+	processed map[string]bool
+	waiting   []waitingMessage
+}
+
+// waitingMessage is a WAITING message of an instance.
+type waitingMessage struct {
+	id            int64
+	qualifiedType string
+}
+
+// scanInstanceState reads the result of instanceStateSQL.
+func scanInstanceState(row pgx.Row) (instanceState, error) {
+	var (
+		st           instanceState
+		processed    []string
+		waitingIDs   []int64
+		waitingTypes []string
+	)
+	err := row.Scan(&st.open, &processed, &waitingIDs, &waitingTypes)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return instanceState{processed: map[string]bool{}}, nil
+	}
+	if err != nil {
+		return instanceState{}, err
+	}
+	st.processed = make(map[string]bool, len(processed))
+	for _, t := range processed {
+		st.processed[t] = true
+	}
+	st.waiting = make([]waitingMessage, len(waitingIDs))
+	for i := range waitingIDs {
+		st.waiting[i] = waitingMessage{id: waitingIDs[i], qualifiedType: waitingTypes[i]}
+	}
+	return st, nil
+}
+
+// nextReleasable returns the oldest WAITING message whose release condition holds.
+func (st instanceState) nextReleasable(seq *sequence.Sequence) (waitingMessage, bool) {
+	for _, w := range st.waiting {
+		if releasable(seq, w.qualifiedType, st.processed) {
+			return w, true
+		}
+	}
+	return waitingMessage{}, false
+}
+
+// releasable reports whether a message of the qualified type may be released given the
+// processed types. A type the sequence no longer declares has no condition left to wait for.
+func releasable(seq *sequence.Sequence, qualified string, processed map[string]bool) bool {
+	for _, t := range seq.Types {
+		if t.Qualified == qualified {
+			return t.Condition == nil || t.Condition.Holds(processed)
+		}
+	}
+	return true
+}
+
+// needsRelease decides whether a release transaction T2 has anything to do (SPEC §9): a WAITING
+// message whose condition holds, or an open instance whose types are all PROCESSED and which
+// must be closed. A closed instance still releases: a message buffered while T2 closed the
+// instance would otherwise wait forever.
+//
+// Skipping T2 when this is false is safe because the state is read after the record's own state
+// commit, and every state change that could make a release necessary runs this check after its
+// own commit: a message buffered later sees our PROCESSED state in its own check; a message
+// processed later sees every WAITING message committed before it. Of two commits, the later
+// one's check always sees the earlier one, so no releasable message and no complete instance is
+// left unnoticed. PROCESSED never reverts, so a condition that held stays true.
+func (st instanceState) needsRelease(seq *sequence.Sequence) bool {
+	if st.open && seq.Complete(st.processed) {
+		return true
+	}
+	_, ok := st.nextReleasable(seq)
+	return ok
+}

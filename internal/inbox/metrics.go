@@ -1,0 +1,184 @@
+package inbox
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the engine's Prometheus collectors (SPEC §6). The engine registers nothing; the
+// consumer registers Collectors() with its registry.
+type Metrics struct {
+	consumed         *prometheus.CounterVec
+	buffered         *prometheus.CounterVec
+	waitingDelay     *prometheus.HistogramVec
+	claims           *prometheus.CounterVec
+	releases         *prometheus.CounterVec
+	listenerDuration *prometheus.HistogramVec
+	listenerFailures *prometheus.CounterVec
+	actions          *prometheus.CounterVec
+	hkDeleted        *prometheus.CounterVec
+	hkMarked         prometheus.Counter
+	hkDeadLettered   prometheus.Counter
+	hkDuration       prometheus.Histogram
+	state            *stateCollector
+}
+
+// NewMetrics builds unregistered collectors.
+func NewMetrics() *Metrics {
+	seqType := []string{"sequence", "type"}
+	return &Metrics{
+		consumed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "seqinbox_messages_consumed_total",
+			Help: "Messages the listener accepted, by sequence and qualified type.",
+		}, seqType),
+		buffered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "seqinbox_messages_buffered_total",
+			Help: "Messages stored WAITING because their release condition did not hold yet.",
+		}, seqType),
+		waitingDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "seqinbox_message_waiting_seconds",
+			Help:    "How long a buffered message waited until its release.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 12),
+		}, seqType),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "seqinbox_claims_total",
+			Help: "Claim inserts by result: won (this delivery processes the message) or lost (a duplicate).",
+		}, []string{"result"}),
+		releases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "seqinbox_release_transactions_total",
+			Help: "Release transactions after a record: run, or skipped because nothing was releasable.",
+		}, []string{"result"}),
+		listenerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "seqinbox_listener_duration_seconds",
+			Help:    "Duration of listener calls (including the sink's retries).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+		}, seqType),
+		listenerFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "seqinbox_listener_failures_total",
+			Help: "Listener calls that failed.",
+		}, seqType),
+		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "seqinbox_actions_total",
+			Help: "Operator actions executed, by action.",
+		}, []string{"action"}),
+		hkDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "seqinbox_housekeeping_deleted_instances_total",
+			Help: "Sequence instances deleted by housekeeping, by reason (closed, expired).",
+		}, []string{"reason"}),
+		hkMarked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "seqinbox_housekeeping_expired_instances_total",
+			Help: "Sequence instances housekeeping found past their retention and marked for removal.",
+		}),
+		hkDeadLettered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "seqinbox_housekeeping_dead_lettered_total",
+			Help: "WAITING messages dead-lettered because housekeeping deleted their instance.",
+		}),
+		hkDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "seqinbox_housekeeping_duration_seconds",
+			Help:    "Duration of housekeeping runs that held the housekeeping lock.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
+		}),
+		state: newStateCollector(),
+	}
+}
+
+// Collectors returns every collector, for the consumer to register.
+func (m *Metrics) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		m.consumed, m.buffered, m.waitingDelay, m.claims, m.releases, m.listenerDuration,
+		m.listenerFailures, m.actions, m.hkDeleted, m.hkMarked, m.hkDeadLettered, m.hkDuration, m.state,
+	}
+}
+
+// stateCollectSQL reads the database-wide gauges at scrape time: WAITING messages by type
+// (served by the (state, message_type) index), open instances expiring within the window, and
+// instances past their retention that wait for removal. Every consumer reports the same values;
+// dashboards take max() over pods, not sum().
+const stateCollectSQL = `SELECT 'waiting', message_type, count(*) FROM sequenced_message WHERE state = 'WAITING' GROUP BY message_type
+UNION ALL
+SELECT 'expiring_soon', '', count(*) FROM sequence_instance
+  WHERE state = 'OPEN' AND remove_after IS NULL AND retain_until >= $1 AND retain_until < $2
+UNION ALL
+SELECT 'expired', '', count(*) FROM sequence_instance WHERE remove_after IS NOT NULL`
+
+// stateScrapeTimeout bounds the database query of one scrape.
+const stateScrapeTimeout = 5 * time.Second
+
+// stateCollector reports database state as gauges at scrape time. It reports nothing until an
+// engine is bound to it.
+type stateCollector struct {
+	waiting, expiringSoon, expired *prometheus.Desc
+
+	mu     sync.Mutex
+	pool   *pgxpool.Pool
+	clock  Clock
+	window time.Duration
+}
+
+func newStateCollector() *stateCollector {
+	return &stateCollector{
+		waiting: prometheus.NewDesc("seqinbox_messages_waiting",
+			"Messages WAITING for their predecessors, by qualified type (database-wide).", []string{"type"}, nil),
+		expiringSoon: prometheus.NewDesc("seqinbox_instances_expiring_soon",
+			"Open sequence instances whose retention ends within the configured window (database-wide).", nil, nil),
+		expired: prometheus.NewDesc("seqinbox_instances_expired",
+			"Sequence instances past their retention, waiting for removal (database-wide).", nil, nil),
+	}
+}
+
+func (c *stateCollector) bind(pool *pgxpool.Pool, clock Clock, window time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pool, c.clock, c.window = pool, clock, window
+}
+
+// Describe implements prometheus.Collector.
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.waiting
+	ch <- c.expiringSoon
+	ch <- c.expired
+}
+
+// Collect implements prometheus.Collector.
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	pool, clock, window := c.pool, c.clock, c.window
+	c.mu.Unlock()
+	if pool == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), stateScrapeTimeout)
+	defer cancel()
+	now := clock.Now()
+	rows, err := pool.Query(ctx, stateCollectSQL, now, now.Add(window))
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.waiting, err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			kind, typ string
+			n         int64
+		)
+		if err := rows.Scan(&kind, &typ, &n); err != nil {
+			ch <- prometheus.NewInvalidMetric(c.waiting, err)
+			return
+		}
+		switch kind {
+		case "waiting":
+			ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(n), typ)
+		case "expiring_soon":
+			ch <- prometheus.MustNewConstMetric(c.expiringSoon, prometheus.GaugeValue, float64(n))
+		case "expired":
+			ch <- prometheus.MustNewConstMetric(c.expired, prometheus.GaugeValue, float64(n))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.waiting, err)
+	}
+}

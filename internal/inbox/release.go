@@ -1,0 +1,284 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/seqinbox/seqinbox/internal/sequence"
+)
+
+// lockInstanceSQL takes the release lock of an instance. FOR NO KEY UPDATE, not FOR UPDATE: the
+// foreign keys of every claim and message insert take FOR KEY SHARE locks on the instance row,
+// which FOR UPDATE would conflict with, so a release would wait for every in-flight T1 of the
+// instance and buffering would stall behind a release (SPEC §3.5). FOR NO KEY UPDATE only
+// conflicts with itself and stronger locks, which is what serializes releases and actions.
+const lockInstanceSQL = `SELECT name, context_id, state = 'OPEN', pending_action
+FROM sequence_instance WHERE id = $1
+FOR NO KEY UPDATE`
+
+// lockInstanceSkipLockedSQL is lockInstanceSQL for action runs: an instance that someone is
+// releasing right now is left to the next run.
+const lockInstanceSkipLockedSQL = lockInstanceSQL + ` SKIP LOCKED`
+
+// closeInstanceSQL closes a complete instance (or one closed by an operator action).
+const closeInstanceSQL = `UPDATE sequence_instance SET state = 'CLOSED', closed_at = now(), pending_action = NULL WHERE id = $1`
+
+// loadBufferedSQL reads a stored message with its raw record, if it has one, and how long it has
+// been waiting (measured by the database, like created_at).
+const loadBufferedSQL = `SELECT m.message_type, m.idempotence_id, m.state, coalesce(m.message_id, ''),
+  coalesce(m.topic, ''), coalesce(m.partition, 0), coalesce(m."offset", 0), m.created_at,
+  b.id IS NOT NULL, b.key, b.value, coalesce(b.headers, '[]'),
+  extract(epoch FROM clock_timestamp() - m.created_at)::float8
+FROM sequenced_message m LEFT JOIN buffered_message b ON b.sequenced_message_id = m.id
+WHERE m.id = $1`
+
+// markReleasedSQL records a released (or consumed) message as PROCESSED and drops its raw record,
+// which is not needed any more. It reports whether the row was still in the expected state.
+const markReleasedSQL = `WITH m AS (
+  UPDATE sequenced_message SET state = 'PROCESSED', state_changed_at = now(), pending_action = NULL
+  WHERE id = $1 AND state = $2
+  RETURNING id
+), d AS (
+  DELETE FROM buffered_message b USING m WHERE b.sequenced_message_id = m.id
+)
+SELECT count(*) FROM m`
+
+// markReleaseFailedSQL sets a message FAILED and deletes its claim in one transaction (SPEC
+// §3.6), so that a resend can claim and retry it. The raw record stays for a CONSUME action.
+const markReleaseFailedSQL = `WITH f AS (
+  UPDATE sequenced_message SET state = 'FAILED', state_changed_at = now(), pending_action = NULL
+  WHERE id = $1
+  RETURNING message_type, idempotence_id
+)
+DELETE FROM sequential_inbox_idempotence c USING f
+WHERE c.message_type = f.message_type AND c.idempotence_id = f.idempotence_id`
+
+// lockedInstance is an instance row locked FOR NO KEY UPDATE by an open transaction on conn (T2
+// or an action transaction). While it is held, nobody else releases or acts on the instance's
+// messages. Message states are written in separate transactions on stateConn, each committed
+// right after its listener call, so that a lost lock transaction loses no recorded delivery.
+type lockedInstance struct {
+	e         *Engine
+	conn      *pgxpool.Conn
+	stateConn *pgxpool.Conn
+	id        int64
+	name      string
+	contextID string
+	open      bool
+	action    *string
+	// idleSince is when the lock transaction ran its last statement: its lease runs from here.
+	idleSince time.Time
+	released  []Message
+	failures  []Failure
+}
+
+// releaseUnderInstanceLock is T2 (SPEC §3.5): lock the instance, release the oldest WAITING
+// message whose condition holds until none is left, close the instance when every type is
+// PROCESSED. It also runs for duplicates, so that a crashed winner's buffered successors are
+// released by the next delivery.
+func (e *Engine) releaseUnderInstanceLock(ctx context.Context, conn *pgxpool.Conn, instanceID int64, seq *sequence.Sequence) ([]Message, []Failure, error) {
+	li, err := e.lockInstance(ctx, conn, instanceID, lockInstanceSQL)
+	if err != nil {
+		endQuietly(conn, rollbackSQL)
+		return nil, nil, fmt.Errorf("release instance %d: %w", instanceID, err)
+	}
+	if li == nil {
+		endQuietly(conn, rollbackSQL)
+		return nil, nil, nil
+	}
+	defer li.releaseStateConn()
+	if err := li.releaseReady(ctx, seq); err != nil {
+		endQuietly(conn, rollbackSQL)
+		return li.released, li.failures, fmt.Errorf("release instance %d: %w", instanceID, err)
+	}
+	if err := li.commit(ctx); err != nil {
+		return li.released, li.failures, fmt.Errorf("release instance %d: %w", instanceID, err)
+	}
+	return li.released, li.failures, nil
+}
+
+// lockInstance begins a transaction with the lock lease and locks the instance row. It returns
+// nil when the row is gone (or skipped as locked); the transaction is then still open.
+func (e *Engine) lockInstance(ctx context.Context, conn *pgxpool.Conn, instanceID int64, lockSQL string) (*lockedInstance, error) {
+	li := &lockedInstance{e: e, conn: conn, id: instanceID}
+	b := &pgx.Batch{}
+	b.Queue(beginReadCommittedSQL)
+	b.Queue(setIdleTimeoutSQL, millis(e.lockLease))
+	b.Queue(lockSQL, instanceID)
+	br := conn.SendBatch(ctx, b)
+	found, err := func() (bool, error) {
+		if _, err := br.Exec(); err != nil {
+			return false, fmt.Errorf("begin: %w", err)
+		}
+		if _, err := br.Exec(); err != nil {
+			return false, fmt.Errorf("set lock lease: %w", err)
+		}
+		err := br.QueryRow().Scan(&li.name, &li.contextID, &li.open, &li.action)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("lock: %w", err)
+		}
+		return true, nil
+	}()
+	if closeErr := br.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil || !found {
+		return nil, err
+	}
+	li.idleSince = time.Now()
+	return li, nil
+}
+
+// readState reads the instance state inside the lock transaction; it also restarts the lease.
+func (li *lockedInstance) readState(ctx context.Context) (instanceState, error) {
+	st, err := scanInstanceState(li.conn.QueryRow(ctx, instanceStateSQL, li.id))
+	if err != nil {
+		return instanceState{}, fmt.Errorf("read state: %w", err)
+	}
+	li.idleSince = time.Now()
+	return st, nil
+}
+
+// releaseReady releases WAITING messages whose condition holds, oldest first, re-reading the
+// state after each one (the release may satisfy another condition, and messages committed in
+// the meantime become visible), then closes the instance if it is complete.
+func (li *lockedInstance) releaseReady(ctx context.Context, seq *sequence.Sequence) error {
+	for {
+		st, err := li.readState(ctx)
+		if err != nil {
+			return err
+		}
+		w, ok := st.nextReleasable(seq)
+		if !ok {
+			if li.open && seq.Complete(st.processed) {
+				return li.close(ctx)
+			}
+			return nil
+		}
+		if err := li.deliverStored(ctx, w.id, stateWaiting); err != nil {
+			return err
+		}
+	}
+}
+
+// close closes the instance inside the lock transaction.
+func (li *lockedInstance) close(ctx context.Context) error {
+	if _, err := li.conn.Exec(ctx, closeInstanceSQL, li.id); err != nil {
+		return fmt.Errorf("close: %w", err)
+	}
+	li.open = false
+	li.idleSince = time.Now()
+	return nil
+}
+
+// storedRecord is a stored message with its raw record.
+type storedRecord struct {
+	msg       Message
+	state     string
+	hasRecord bool
+	waited    float64
+}
+
+// load reads a stored message of the instance inside the lock transaction.
+func (li *lockedInstance) load(ctx context.Context, messageID int64) (storedRecord, error) {
+	var (
+		s         storedRecord
+		r         = &s.msg.Record
+		qualified string
+		headers   []byte
+	)
+	err := li.conn.QueryRow(ctx, loadBufferedSQL, messageID).Scan(&qualified, &r.IdempotenceID, &s.state,
+		&r.Origin.MessageID, &r.Origin.Topic, &r.Origin.Partition, &r.Origin.Offset, &r.ReceivedAt,
+		&s.hasRecord, &r.Key, &r.Value, &headers, &s.waited)
+	if err != nil {
+		return s, fmt.Errorf("load message %d: %w", messageID, err)
+	}
+	li.idleSince = time.Now()
+	if r.Headers, err = decodeHeaders(headers); err != nil {
+		return s, fmt.Errorf("load message %d: %w", messageID, err)
+	}
+	r.Type, r.Subtype = li.e.splitQualified(qualified)
+	r.ContextID, r.Sequenced = li.contextID, true
+	s.msg.Sequence, s.msg.ContextID, s.msg.QualifiedType = li.name, li.contextID, qualified
+	return s, nil
+}
+
+// deliverStored hands a stored message's raw record to the listener and records the outcome in a
+// separate transaction: PROCESSED, or FAILED with its claim deleted (reported in failures).
+// fromState guards the state write against a concurrent change.
+func (li *lockedInstance) deliverStored(ctx context.Context, messageID int64, fromState string) error {
+	s, err := li.load(ctx, messageID)
+	if err != nil {
+		return err
+	}
+	lctx, cancel := context.WithDeadline(ctx, li.idleSince.Add(li.e.cfg.ListenerDeadline))
+	defer cancel()
+	stateConn, err := li.acquireStateConn(lctx)
+	if err != nil {
+		return err
+	}
+	listenerErr := errors.New("no stored record to deliver")
+	if s.hasRecord {
+		listenerErr = li.e.invokeListener(lctx, s.msg)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if listenerErr != nil {
+		if _, err := stateConn.Exec(ctx, markReleaseFailedSQL, messageID); err != nil {
+			return fmt.Errorf("mark message %d failed: %w", messageID, err)
+		}
+		li.failures = append(li.failures, Failure{Message: s.msg, Origin: s.msg.Record.Origin, Err: listenerErr})
+		return nil
+	}
+	var n int
+	if err := stateConn.QueryRow(ctx, markReleasedSQL, messageID, fromState).Scan(&n); err != nil {
+		return fmt.Errorf("mark message %d processed: %w", messageID, err)
+	}
+	if n == 0 {
+		li.e.log.Info("delivered message changed state during its delivery", "messageId", messageID,
+			"sequence", li.name, "context", li.contextID, "expected", fromState)
+	}
+	li.e.metrics.waitingDelay.WithLabelValues(s.msg.Sequence, s.msg.QualifiedType).Observe(s.waited)
+	li.released = append(li.released, s.msg)
+	return nil
+}
+
+// acquireStateConn returns the connection for state transactions, acquiring it on first use.
+func (li *lockedInstance) acquireStateConn(ctx context.Context) (*pgxpool.Conn, error) {
+	if li.stateConn == nil {
+		c, err := li.e.pool.Acquire(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("acquire state connection: %w", err)
+		}
+		li.stateConn = c
+	}
+	return li.stateConn, nil
+}
+
+func (li *lockedInstance) releaseStateConn() {
+	if li.stateConn != nil {
+		li.stateConn.Release()
+		li.stateConn = nil
+	}
+}
+
+// commit ends the lock transaction.
+func (li *lockedInstance) commit(ctx context.Context) error {
+	tag, err := li.conn.Exec(ctx, commitSQL)
+	if err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	if tag.String() != commitSQL {
+		return fmt.Errorf("commit: transaction was rolled back (%s)", tag)
+	}
+	return nil
+}
