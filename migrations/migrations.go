@@ -1,0 +1,305 @@
+// Package migrations holds the database schema of seqinbox as ordered SQL files embedded in the
+// binary, and the runner that applies them (SPEC §2): each file once, in its own transaction
+// together with its ledger row, serialized across migrators by a PostgreSQL advisory lock.
+package migrations
+
+import (
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// AdvisoryLockKey is the session-level advisory lock key (pg_advisory_lock(bigint)) that
+// serializes migrators on one database: the ASCII bytes of "seqinbox" read as a big-endian int64.
+// Other advisory locks of seqinbox (e.g. housekeeping) must use different keys.
+const AdvisoryLockKey int64 = 0x736571696e626f78
+
+// LedgerTable is the table that records which migrations a database has.
+const LedgerTable = "seqinbox_schema_migrations"
+
+//go:embed *.sql
+var files embed.FS
+
+// fileName is the shape of a migration file: a four-digit version, an underscore, a name.
+var fileName = regexp.MustCompile(`^(\d{4})_([a-z0-9_]+)\.sql$`)
+
+// Migration is one embedded SQL file.
+type Migration struct {
+	// Version is the file's number; versions start at 1 and have no gaps.
+	Version int
+	// Name is the file name, e.g. "0002_claims.sql", used in messages and the ledger.
+	Name string
+	// Checksum is the hex SHA-256 of the file, recorded in the ledger to detect edited files.
+	Checksum string
+	// SQL is the file's content.
+	SQL string
+}
+
+// embedded is the parsed, ordered list of the embedded files; it is computed once and never
+// changes, like the files themselves.
+var embedded = mustLoad(files)
+
+func mustLoad(fsys fs.FS) []Migration {
+	ms, err := load(fsys)
+	if err != nil {
+		panic(err)
+	}
+	return ms
+}
+
+// load reads and checks the migration files: names match fileName and versions run 1..N.
+func load(fsys fs.FS) ([]Migration, error) {
+	names, err := fs.Glob(fsys, "*.sql")
+	if err != nil {
+		return nil, fmt.Errorf("list migrations: %w", err)
+	}
+	slices.Sort(names)
+	ms := make([]Migration, 0, len(names))
+	for i, name := range names {
+		m := fileName.FindStringSubmatch(path.Base(name))
+		if m == nil {
+			return nil, fmt.Errorf("migration file %s: name must look like 0001_name.sql", name)
+		}
+		v, _ := strconv.Atoi(m[1])
+		if v != i+1 {
+			return nil, fmt.Errorf("migration file %s: version %d, expected %d (versions start at 1 without gaps)", name, v, i+1)
+		}
+		body, err := fs.ReadFile(fsys, name)
+		if err != nil {
+			return nil, fmt.Errorf("read migration %s: %w", name, err)
+		}
+		sum := sha256.Sum256(body)
+		ms = append(ms, Migration{Version: v, Name: name, Checksum: hex.EncodeToString(sum[:]), SQL: string(body)})
+	}
+	return ms, nil
+}
+
+// All returns the embedded migrations in version order.
+func All() []Migration {
+	return slices.Clone(embedded)
+}
+
+// Latest returns the schema version this binary brings, the version a consumer of this build
+// needs.
+func Latest() int {
+	return len(embedded)
+}
+
+// Result says what one Apply call did.
+type Result struct {
+	// Before is the schema version found when the migrator got the lock.
+	Before int
+	// After is the schema version when the migrator released the lock.
+	After int
+	// Applied lists the versions this call applied, in order; empty when the schema was current.
+	Applied []int
+}
+
+// Status is the schema state of a database as compared with this binary's migrations.
+type Status struct {
+	// Version is the highest applied version (0 for an empty database).
+	Version int
+	// Pending lists the versions this binary would apply, in order.
+	Pending []int
+}
+
+// Querier runs queries; *pgx.Conn, *pgxpool.Conn, *pgxpool.Pool and pgx.Tx satisfy it.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Apply brings the database behind pool to the latest schema, holding one of its connections for
+// the advisory lock. Concurrent callers serialize; each file is applied exactly once.
+func Apply(ctx context.Context, pool *pgxpool.Pool) (Result, error) {
+	return ApplyUpTo(ctx, pool, Latest())
+}
+
+// ApplyUpTo applies the migrations up to and including version and no further. It is the way
+// tests build the schema of an older release (e.g. ApplyUpTo(ctx, pool, 1) for a database from
+// before the claim table) before upgrading it with Apply.
+func ApplyUpTo(ctx context.Context, pool *pgxpool.Pool, version int) (Result, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("migrate: acquire connection: %w", err)
+	}
+	defer conn.Release()
+	return applyOn(ctx, conn.Conn(), embedded, version)
+}
+
+// ApplyConn is Apply on a single connection, for callers that hold no pool.
+func ApplyConn(ctx context.Context, conn *pgx.Conn) (Result, error) {
+	return applyOn(ctx, conn, embedded, Latest())
+}
+
+// applyOn holds the advisory lock on conn while it checks the ledger against ms and applies the
+// pending migrations up to target. If the lock cannot be released, conn is closed: a closed
+// session drops its locks, and a pool discards a closed connection instead of reusing it.
+func applyOn(ctx context.Context, conn *pgx.Conn, ms []Migration, target int) (res Result, err error) {
+	if target < 0 || target > len(ms) {
+		return Result{}, fmt.Errorf("migrate: no schema version %d in this binary (latest is %d)", target, len(ms))
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", AdvisoryLockKey); err != nil {
+		return Result{}, fmt.Errorf("migrate: take advisory lock %d: %w", AdvisoryLockKey, err)
+	}
+	defer func() {
+		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if _, uerr := conn.Exec(unlockCtx, "SELECT pg_advisory_unlock($1)", AdvisoryLockKey); uerr != nil {
+			_ = conn.Close(unlockCtx)
+			if err == nil {
+				err = fmt.Errorf("migrate: release advisory lock %d: %w", AdvisoryLockKey, uerr)
+			}
+		}
+	}()
+
+	if _, err := conn.Exec(ctx, createLedger); err != nil {
+		return Result{}, fmt.Errorf("migrate: create %s: %w", LedgerTable, err)
+	}
+	st, err := inspect(ctx, conn, ms)
+	if err != nil {
+		return Result{}, err
+	}
+	res = Result{Before: st.Version, After: st.Version}
+	for _, v := range st.Pending {
+		if v > target {
+			break
+		}
+		if err := applyOne(ctx, conn, ms[v-1]); err != nil {
+			return res, err
+		}
+		res.Applied = append(res.Applied, v)
+		res.After = v
+	}
+	return res, nil
+}
+
+// createLedger runs under the advisory lock, so concurrent migrators never race on it.
+const createLedger = `CREATE TABLE IF NOT EXISTS ` + LedgerTable + ` (
+  version integer PRIMARY KEY,
+  name text NOT NULL,
+  checksum text NOT NULL,
+  applied_at timestamptz NOT NULL DEFAULT now()
+)`
+
+// applyOne runs one file and records it in the ledger, in one transaction: either both happen or
+// neither does.
+func applyOne(ctx context.Context, conn *pgx.Conn, m Migration) error {
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+LedgerTable+` (version, name, checksum) VALUES ($1, $2, $3)`,
+			m.Version, m.Name, m.Checksum)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("migrate: apply %s: %w", m.Name, err)
+	}
+	return nil
+}
+
+// ErrSchemaNewer marks the error of a database whose ledger records a version this binary does
+// not know: the database was migrated by a newer release.
+var ErrSchemaNewer = errors.New("database schema is newer than this binary")
+
+// ErrLedgerMismatch marks the error of a ledger that does not match the embedded files: an
+// applied file was edited, or the ledger was.
+var ErrLedgerMismatch = errors.New("schema ledger does not match the migration files")
+
+// ledgerRow is one row of the ledger table.
+type ledgerRow struct {
+	Version  int
+	Name     string
+	Checksum string
+}
+
+// Inspect compares the database's ledger with this binary's migrations without changing
+// anything: it returns the current version and the pending ones, or an error when the ledger
+// records an edited file or a version this binary does not know.
+func Inspect(ctx context.Context, db Querier) (Status, error) {
+	return inspect(ctx, db, embedded)
+}
+
+func inspect(ctx context.Context, db Querier, ms []Migration) (Status, error) {
+	rows, err := readLedger(ctx, db)
+	if err != nil {
+		return Status{}, err
+	}
+	if err := verify(rows, ms); err != nil {
+		return Status{}, err
+	}
+	st := Status{Version: len(rows)}
+	for _, m := range ms[len(rows):] {
+		st.Pending = append(st.Pending, m.Version)
+	}
+	return st, nil
+}
+
+// verify checks that the ledger is a prefix of ms: versions 1..n without gaps, each with the name
+// and checksum of the embedded file.
+func verify(rows []ledgerRow, ms []Migration) error {
+	for i, r := range rows {
+		if r.Version > len(ms) {
+			return fmt.Errorf("%w: database schema version %d (%s) is newer than this binary, which knows versions up to %d; "+
+				"run a seqinbox release that ships %s or newer (downgrading the schema is not supported)",
+				ErrSchemaNewer, r.Version, r.Name, len(ms), r.Name)
+		}
+		if r.Version != i+1 {
+			return fmt.Errorf("%w: %s has version %d but not version %d, so it was edited by hand; "+
+				"restore it from the migration files before migrating", ErrLedgerMismatch, LedgerTable, r.Version, i+1)
+		}
+		m := ms[i]
+		if r.Name != m.Name || r.Checksum != m.Checksum {
+			return fmt.Errorf("%w: migration %s was applied as %s with checksum %s, but this binary's file has checksum %s; "+
+				"applied migration files must never change: restore the original file and put the change in a new migration",
+				ErrLedgerMismatch, m.Name, r.Name, r.Checksum, m.Checksum)
+		}
+	}
+	return nil
+}
+
+// readLedger returns the ledger rows in version order; a database without a ledger has none.
+func readLedger(ctx context.Context, db Querier) ([]ledgerRow, error) {
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, LedgerTable).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("read schema ledger: %w", err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	rows, err := db.Query(ctx, `SELECT version, name, checksum FROM `+LedgerTable+` ORDER BY version`)
+	if err != nil {
+		return nil, fmt.Errorf("read schema ledger: %w", err)
+	}
+	ledger, err := pgx.CollectRows(rows, pgx.RowToStructByPos[ledgerRow])
+	if err != nil {
+		return nil, fmt.Errorf("read schema ledger: %w", err)
+	}
+	return ledger, nil
+}
+
+// Current returns the highest schema version recorded in the database's ledger, 0 for a database
+// that was never migrated. It does not verify the ledger; Inspect does.
+func Current(ctx context.Context, db Querier) (int, error) {
+	rows, err := readLedger(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	return rows[len(rows)-1].Version, nil
+}
