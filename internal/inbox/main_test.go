@@ -15,6 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/seqinbox/seqinbox/internal/sequence"
 	"github.com/seqinbox/seqinbox/internal/testenv"
@@ -331,4 +333,9 @@ func types(ms []Message) []string {
 		out[i] = m.QualifiedType
 	}
 	return out
+}
+
+func counterValue(t *testing.T, c prometheus.Collector) float64 {
+	t.Helper()
+	return testutil.ToFloat64(c)
 }
