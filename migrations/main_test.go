@@ -10,27 +10,38 @@ import (
 	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
-// serverDB is the package's own database; most tests create a fresh one with newDatabase instead,
+// packageDB is the package's own database; the tests create a fresh one each with newDatabase,
 // because they need an empty schema.
-var serverDB string
+var packageDB string
 
 func TestMain(m *testing.M) {
-	os.Exit(testenv.RunWithDatabase(m, &serverDB))
+	os.Exit(testenv.RunWithDatabase(m, &packageDB))
 }
 
-// newDatabase creates an empty database for one test and returns a pool on it.
-func newDatabase(t *testing.T) *pgxpool.Pool {
+// newDatabaseURL creates an empty database for one test, dropped when the test ends.
+func newDatabaseURL(t *testing.T) string {
 	t.Helper()
-	ctx := context.Background()
-	url, drop, err := testenv.NewDatabase(ctx, "migrations")
+	url, drop, err := testenv.NewDatabase(context.Background(), "migrations")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(drop)
-	pool, err := pgxpool.New(ctx, url)
+	return url
+}
+
+// newPool opens a pool on url, closed when the test ends.
+func newPool(t *testing.T, url string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// newDatabase creates an empty database for one test and returns a pool on it.
+func newDatabase(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	return newPool(t, newDatabaseURL(t))
 }
