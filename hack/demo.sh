@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# `make demo` (SPEC §11): builds bin/seqinbox, finds or starts PostgreSQL (hack/postgres.sh), and
+# runs `seqinbox demo`, which starts an embedded Kafka broker, a temporary database, a demo sink
+# and two consumers of the sample SequentialInbox, sends a scenario of out-of-order, duplicated,
+# filtered, rejected and poisoned order events, and prints a report with a verdict. Everything it
+# starts is stopped and removed at the end, also on Ctrl-C. Extra arguments go to `seqinbox demo`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+version=${VERSION:-v0.1.0-dev}
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+echo "demo: building bin/seqinbox (the first build compiles the dependencies: a minute or two)" >&2
+go build -ldflags "-X github.com/seqinbox/seqinbox/internal/version.Version=$version -X github.com/seqinbox/seqinbox/internal/version.Commit=$commit" \
+  -o bin/seqinbox ./cmd/seqinbox
+echo "demo: finding PostgreSQL (hack/postgres.sh)" >&2
+url=$(hack/postgres.sh)
+exec bin/seqinbox demo --database-url "$url" "$@"
