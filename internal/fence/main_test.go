@@ -73,22 +73,30 @@ func (c *manualClock) After(d time.Duration) <-chan time.Time {
 	return ch
 }
 
-// Advance waits until someone waits on the clock (the loop finished its pass), then moves the
-// clock by d and fires the waiters that are due.
-func (c *manualClock) Advance(t *testing.T, d time.Duration) {
+// awaitWaiter polls until someone waits on the clock, i.e. the fence loop finished its pass.
+func (c *manualClock) awaitWaiter(t *testing.T) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		c.mu.Lock()
-		if len(c.waiters) > 0 {
-			break
-		}
+		n := len(c.waiters)
 		c.mu.Unlock()
+		if n > 0 {
+			return
+		}
 		if time.Now().After(deadline) {
 			t.Fatal("nobody waits on the clock")
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// Advance waits until the loop waits on the clock, then moves the clock by d and fires the
+// waiters that are due.
+func (c *manualClock) Advance(t *testing.T, d time.Duration) {
+	t.Helper()
+	c.awaitWaiter(t)
+	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
 	kept := c.waiters[:0]

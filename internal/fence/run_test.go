@@ -1,0 +1,177 @@
+package fence_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/seqinbox/seqinbox/internal/fence"
+	"github.com/seqinbox/seqinbox/migrations"
+)
+
+// readiness is one onChange call of Fence.Run.
+type readiness struct {
+	ready  bool
+	reason string
+}
+
+// running is a Fence.Run in the background; err is Run's result once done is closed.
+type running struct {
+	changes chan readiness
+	stop    context.CancelFunc
+	done    chan struct{}
+	err     error
+}
+
+func startRun(t *testing.T, f *fence.Fence) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{changes: make(chan readiness, 100), stop: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		r.err = f.Run(ctx, func(ready bool, reason string) { r.changes <- readiness{ready, reason} })
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-r.done
+	})
+	return r
+}
+
+// next returns the next readiness change, failing the test if none comes.
+func (r *running) next(t *testing.T) readiness {
+	t.Helper()
+	select {
+	case c := <-r.changes:
+		return c
+	case <-time.After(30 * time.Second):
+		t.Fatal("no readiness change")
+		return readiness{}
+	}
+}
+
+// noChange asserts that the loop, having finished a pass (it waits on the clock again), reported
+// nothing new.
+func (r *running) noChange(t *testing.T, clock *manualClock) {
+	t.Helper()
+	clock.awaitWaiter(t)
+	select {
+	case c := <-r.changes:
+		t.Fatalf("unexpected readiness change %+v", c)
+	default:
+	}
+}
+
+func registryRows(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM consumer_registry`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestRunIsReadyAloneNotReadyNextToAnotherProtocolAndDeregistersOnExit(t *testing.T) {
+	ctx := context.Background()
+	pool := migratedDatabase(t, 0)
+	clock := newManualClock()
+	f := newFence(t, pool, identity("a", "orders", "proto-a"), clock)
+	r := startRun(t, f)
+
+	if c := r.next(t); !c.ready {
+		t.Fatalf("first readiness = %+v, want ready: schema current, nobody else", c)
+	}
+	other := registered(t, pool, identity("b", "orders", "proto-b"))
+	clock.Advance(t, fence.DefaultHeartbeatInterval)
+	c := r.next(t)
+	if c.ready || !strings.Contains(c.reason, "b (group orders, claim protocol proto-b, engine v-proto-b)") {
+		t.Fatalf("readiness next to b = %+v, want not ready naming b", c)
+	}
+	clock.Advance(t, fence.DefaultHeartbeatInterval)
+	r.noChange(t, clock)
+
+	if err := other.Deregister(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(t, fence.DefaultHeartbeatInterval)
+	if c := r.next(t); !c.ready {
+		t.Fatalf("readiness after b left = %+v, want ready", c)
+	}
+
+	r.stop()
+	<-r.done
+	if r.err != nil {
+		t.Fatalf("Run returned %v, want nil on cancellation", r.err)
+	}
+	if c := r.next(t); c.ready {
+		t.Fatalf("last readiness = %+v, want not ready when stopping", c)
+	}
+	if n := registryRows(t, pool); n != 0 {
+		t.Fatalf("%d registry rows after Run returned, want 0: it deregisters", n)
+	}
+}
+
+func TestRunIsNotReadyOnAnOlderSchemaUntilItIsMigrated(t *testing.T) {
+	ctx := context.Background()
+	pool := migratedDatabase(t, migrations.Latest()-1)
+	clock := newManualClock()
+	r := startRun(t, newFence(t, pool, identity("a", "orders", "proto-a"), clock))
+
+	c := r.next(t)
+	if c.ready || !strings.Contains(c.reason, "older than version") || !strings.Contains(c.reason, "seqinbox migrate") {
+		t.Fatalf("readiness on an older schema = %+v, want not ready telling to run seqinbox migrate", c)
+	}
+	clock.Advance(t, fence.DefaultHeartbeatInterval)
+	r.noChange(t, clock)
+
+	if _, err := migrations.Apply(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(t, fence.DefaultHeartbeatInterval)
+	if c := r.next(t); !c.ready {
+		t.Fatalf("readiness after migration = %+v, want ready", c)
+	}
+	if n := registryRows(t, pool); n != 1 {
+		t.Fatalf("%d registry rows, want this consumer's one", n)
+	}
+}
+
+func TestRunTurnsNotReadyWhenItsOwnHeartbeatsKeepFailing(t *testing.T) {
+	ctx := context.Background()
+	pool := migratedDatabase(t, 0)
+	clock := newManualClock()
+	r := startRun(t, newFence(t, pool, identity("a", "orders", "proto-a"), clock))
+	if c := r.next(t); !c.ready {
+		t.Fatalf("first readiness = %+v, want ready", c)
+	}
+
+	// From now on every heartbeat fails inside the database; reads still work.
+	_, err := pool.Exec(ctx, `
+		CREATE FUNCTION refuse_heartbeat() RETURNS trigger LANGUAGE plpgsql AS
+		  $$BEGIN RAISE EXCEPTION 'heartbeat refused by test'; END$$;
+		CREATE TRIGGER refuse_heartbeat BEFORE INSERT OR UPDATE ON consumer_registry
+		  FOR EACH ROW EXECUTE FUNCTION refuse_heartbeat();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One missed heartbeat: the last success is one interval old, others still see this consumer.
+	clock.Advance(t, fence.DefaultHeartbeatInterval)
+	r.noChange(t, clock)
+	// Two missed: the last success is window minus interval old; stop before others see it gone.
+	clock.Advance(t, fence.DefaultHeartbeatInterval)
+	c := r.next(t)
+	if c.ready || !strings.Contains(c.reason, "no successful heartbeat for 20s") || !strings.Contains(c.reason, "heartbeat refused by test") {
+		t.Fatalf("readiness after failed heartbeats = %+v, want not ready naming the silence and the error", c)
+	}
+
+	if _, err := pool.Exec(ctx, `DROP TRIGGER refuse_heartbeat ON consumer_registry`); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(t, fence.DefaultHeartbeatInterval)
+	if c := r.next(t); !c.ready {
+		t.Fatalf("readiness after heartbeats recovered = %+v, want ready", c)
+	}
+}
