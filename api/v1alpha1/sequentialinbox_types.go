@@ -8,6 +8,7 @@ import (
 // SequentialInboxSpec declares one sequential inbox: where records come from, how they are
 // sequenced, where the inbox state lives and where released messages go.
 // +kubebuilder:validation:XValidation:rule="!has(self.database.connectionBudget) || self.database.poolSize <= self.database.connectionBudget",message="spec.database.poolSize must not exceed spec.database.connectionBudget"
+// +kubebuilder:validation:XValidation:rule="!has(self.deadLetterTopic) || !(self.deadLetterTopic in self.kafka.topics)",message="spec.deadLetterTopic must not be one of spec.kafka.topics: the inbox would read its own dead letters"
 type SequentialInboxSpec struct {
 	// Kafka is where the records are read from.
 	Kafka KafkaSpec `json:"kafka"`
@@ -66,6 +67,12 @@ type SequentialInboxSpec struct {
 	// Resources of the consumer container.
 	// +optional
 	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// ImagePullSecrets are used to pull Image, for the consumer pods and the operator's Jobs.
+	// +optional
+	// +kubebuilder:validation:MaxItems=8
+	// +listType=atomic
+	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
 }
 
 // UpgradeStrategy decides who lets an incompatible rollout stop the running consumers.
@@ -83,10 +90,18 @@ const (
 type KafkaSpec struct {
 	// BootstrapServers are host:port pairs of the Kafka brokers.
 	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=253
+	// +listType=atomic
 	BootstrapServers []string `json:"bootstrapServers"`
 
 	// Topics are read by the consumer group.
 	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=249
+	// +kubebuilder:validation:items:Pattern=`^[a-zA-Z0-9._-]+$`
 	// +listType=set
 	Topics []string `json:"topics"`
 
@@ -208,6 +223,7 @@ type HousekeepingSpec struct {
 }
 
 // SequenceSpec is one sequence: the message types whose messages of one context are released in order.
+// +kubebuilder:validation:XValidation:rule="duration(self.retention) >= duration('60s')",message="retention must be at least one minute",fieldPath=".retention"
 type SequenceSpec struct {
 	// Name of the sequence, unique within the inbox.
 	// +kubebuilder:validation:MinLength=1
@@ -220,6 +236,7 @@ type SequenceSpec struct {
 	Retention metav1.Duration `json:"retention"`
 
 	// Messages are the (qualified) message types of the sequence.
+	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=64
 	Messages []MessageSpec `json:"messages"`
 }
@@ -349,19 +366,71 @@ type SequentialInboxStatus struct {
 	// +optional
 	TargetClaimProtocol string `json:"targetClaimProtocol,omitempty"`
 
+	// TargetImage is the image that TargetEngineVersion and TargetClaimProtocol were learned from.
+	// +optional
+	TargetImage string `json:"targetImage,omitempty"`
+
 	// ConfigHash is the hash of the rendered engine configuration on the pod template.
 	// +optional
 	ConfigHash string `json:"configHash,omitempty"`
 
+	// Replicas is the number of consumer pods the Deployment asks for.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+
 	// ReplicasReady is the number of ready consumer pods.
 	// +optional
 	ReplicasReady int32 `json:"replicasReady,omitempty"`
+
+	// Probe tracks the dry-run Jobs (`seqinbox migrate --dry-run` from the target image) that
+	// learn the target's engine version and claim protocol and read the consumer registry.
+	// +optional
+	Probe *JobRunStatus `json:"probe,omitempty"`
+
+	// Migration tracks the schema migration Jobs (`seqinbox migrate` from the target image).
+	// +optional
+	Migration *JobRunStatus `json:"migration,omitempty"`
+}
+
+// JobRunStatus tracks the Jobs that the operator runs from the target image for one purpose, so
+// that retries survive operator restarts: every attempt is a new Job, named after Key and Attempt.
+type JobRunStatus struct {
+	// Key identifies what the Jobs run for: a hash of the image (probe) or of the image and the
+	// spec generation (migration). A new Key starts again at attempt 1.
+	Key string `json:"key"`
+
+	// Attempt numbers the current Job of Key, starting at 1.
+	// +kubebuilder:validation:Minimum=1
+	Attempt int32 `json:"attempt"`
+
+	// JobName is the Job of the current attempt.
+	// +optional
+	JobName string `json:"jobName,omitempty"`
+
+	// Succeeded is true when the Job of the current attempt completed successfully.
+	// +optional
+	Succeeded bool `json:"succeeded,omitempty"`
+
+	// Failures counts the consecutive failed attempts; the wait before the next attempt doubles
+	// with each.
+	// +optional
+	Failures int32 `json:"failures,omitempty"`
+
+	// RetryAfter is the earliest time the Job of the current attempt may be created.
+	// +optional
+	RetryAfter *metav1.Time `json:"retryAfter,omitempty"`
+
+	// LastFailure describes the last failed attempt: the Job's reason and the container's message.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	LastFailure string `json:"lastFailure,omitempty"`
 }
 
 // SequentialInbox runs a Kafka consumer that hands each logical message once, in sequence order,
 // to the team's HTTP service.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 40 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS label of at most 40 characters: it names the consumer Deployment, the metrics Service and the Jobs"
 // +kubebuilder:resource:shortName=sqi,categories=seqinbox
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
@@ -370,7 +439,13 @@ type SequentialInboxStatus struct {
 // +kubebuilder:printcolumn:name="Running",type=string,JSONPath=`.status.runningEngineVersion`
 // +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.status.targetEngineVersion`
 // +kubebuilder:printcolumn:name="Blocked",type=string,JSONPath=`.status.conditions[?(@.type=="RolloutBlocked")].status`,priority=1
+// +kubebuilder:printcolumn:name="Valid",type=string,JSONPath=`.status.conditions[?(@.type=="ConfigValid")].status`,priority=1
+// +kubebuilder:printcolumn:name="Schema-Ready",type=string,JSONPath=`.status.conditions[?(@.type=="SchemaReady")].status`,priority=1
+// +kubebuilder:printcolumn:name="Progressing",type=string,JSONPath=`.status.conditions[?(@.type=="Progressing")].status`,priority=1
+// +kubebuilder:printcolumn:name="Degraded",type=string,JSONPath=`.status.conditions[?(@.type=="Degraded")].status`,priority=1
 // +kubebuilder:printcolumn:name="Protocol",type=string,JSONPath=`.status.runningClaimProtocol`,priority=1
+// +kubebuilder:printcolumn:name="Target-Protocol",type=string,JSONPath=`.status.targetClaimProtocol`,priority=1
+// +kubebuilder:printcolumn:name="Observed",type=integer,JSONPath=`.status.observedGeneration`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type SequentialInbox struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -1,0 +1,58 @@
+package controller
+
+import (
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
+
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
+)
+
+// migrationJobConnections is what a probe or migration Job holds while it runs next to the consumers.
+const migrationJobConnections = 1
+
+// checkConnectionBudget rejects a spec whose consumers (poolSize × replicas) plus one Job
+// connection do not fit into spec.database.connectionBudget: the pools would exhaust the
+// database's connections at the worst moment, under load.
+func checkConnectionBudget(spec *v1alpha1.SequentialInboxSpec) *field.Error {
+	if spec.Database.ConnectionBudget == nil {
+		return nil
+	}
+	budget := *spec.Database.ConnectionBudget
+	replicas := ptr.Deref(spec.Replicas, 1)
+	needed := int64(spec.Database.PoolSize)*int64(replicas) + migrationJobConnections
+	if needed <= int64(budget) {
+		return nil
+	}
+	return field.Invalid(field.NewPath("spec", "database", "poolSize"), spec.Database.PoolSize,
+		fmt.Sprintf("%d connections × %d replicas + %d for the migration Job = %d exceed spec.database.connectionBudget %d; "+
+			"lower poolSize or replicas, or raise the budget", spec.Database.PoolSize, replicas,
+			migrationJobConnections, needed, budget))
+}
+
+// worstCaseRecordTime is the longest one record may take: it can release a chain of longestChain
+// messages, and each delivery may use every attempt (sink timeout × (retries+1)) plus the
+// exponential backoff between them (initialBackoff × (2^retries − 1)).
+func worstCaseRecordTime(spec *v1alpha1.SequentialInboxSpec, longestChain int) time.Duration {
+	retries := ptr.Deref(spec.Sink.Retries, 0)
+	attempts := time.Duration(retries + 1)
+	backoff := spec.Sink.InitialBackoff.Duration * time.Duration((int64(1)<<retries)-1)
+	return time.Duration(max(longestChain, 1)) * (spec.Sink.Timeout.Duration*attempts + backoff)
+}
+
+// checkPollInterval warns when spec.kafka.maxPollIntervalMs cannot cover the worst-case time of
+// one record: the group would rebalance while a record is still being delivered. It is a
+// warning (Degraded), not an error: the worst case needs every delivery of a chain to time out.
+func checkPollInterval(spec *v1alpha1.SequentialInboxSpec, longestChain int) *field.Error {
+	worst := worstCaseRecordTime(spec, longestChain)
+	limit := time.Duration(spec.Kafka.MaxPollIntervalMs) * time.Millisecond
+	if worst <= limit {
+		return nil
+	}
+	return field.Invalid(field.NewPath("spec", "kafka", "maxPollIntervalMs"), spec.Kafka.MaxPollIntervalMs,
+		fmt.Sprintf("a record may take up to %s (release chain of %d × (sink timeout %s × %d attempts + backoff)); "+
+			"raise maxPollIntervalMs to at least %d or lower the sink timeout or retries",
+			worst, max(longestChain, 1), spec.Sink.Timeout.Duration, ptr.Deref(spec.Sink.Retries, 0)+1, worst.Milliseconds()))
+}

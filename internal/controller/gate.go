@@ -1,0 +1,321 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/migrations"
+)
+
+// The rollout gate keeps consumers of different claim protocols from ever processing at the same
+// time (SPEC §8). A rollout between images of the same claim protocol is a normal rolling update.
+// Any other rollout — a different protocol, or one the operator cannot prove equal, such as pods
+// of an unknown version — runs as: (approval, for Supervised) → stop the old consumers → wait
+// until their pods are gone, the Kafka consumer group has no members and the database registry
+// lists no live consumer of another protocol → migrate → start the new version.
+//
+// Each wait is a policy: a small function of the observed gateInput that says whether it blocks
+// and why. The first blocking policy becomes the RolloutBlocked condition.
+
+// gateInput is what the rollout gate decides on; gateRollout observes it, the policies only read it.
+type gateInput struct {
+	strategy v1alpha1.UpgradeStrategy
+	// approval is the value of the inbox's approve-rollout annotation.
+	approval string
+	inbox    string
+	running  engine
+	target   engine
+	// replicas is what the consumer Deployment asks for; pods are the consumer pods that exist.
+	replicas int32
+	pods     []string
+	group    groupView
+	registry registryView
+}
+
+// groupView is what the Kafka consumer group looked like.
+type groupView struct {
+	checked bool
+	members []string
+	err     error
+}
+
+// registryView is what the consumer registry of the database looked like after the old
+// consumers stopped (a probe report taken while no consumer of the inbox ran).
+type registryView struct {
+	checked bool
+	// pending says why there is no report yet (probe running or failed).
+	pending   string
+	live      []migrations.LiveConsumer
+	truncated bool
+	// current is true when the report is the current probe attempt's, false when it is the
+	// previous attempt's while a newer read runs.
+	current bool
+}
+
+// rolloutPolicy blocks a rollout with a reason and a message for a person.
+type rolloutPolicy func(in gateInput) (reason, message string, blocked bool)
+
+// rolloutPolicies are evaluated in this order once a rollout cannot be proven compatible.
+var rolloutPolicies = []rolloutPolicy{awaitApproval, awaitOldPodsGone, awaitEmptyConsumerGroup, awaitRegistryClear}
+
+// evaluate returns the first blocking policy's verdict.
+func evaluate(policies []rolloutPolicy, in gateInput) (reason, message string, blocked bool) {
+	for _, policy := range policies {
+		if reason, message, blocked := policy(in); blocked {
+			return reason, message, true
+		}
+	}
+	return "", "", false
+}
+
+// sameClaimProtocol proves a rollout compatible: the running consumers' protocol is known and
+// equals the target's. An unknown running protocol proves nothing.
+func sameClaimProtocol(in gateInput) bool {
+	return in.running.known() && in.target.known() && in.running.ClaimProtocol == in.target.ClaimProtocol
+}
+
+// oldConsumersRun reports whether anything of the inbox runs or is asked to run.
+func oldConsumersRun(in gateInput) bool { return in.replicas > 0 || len(in.pods) > 0 }
+
+// awaitApproval blocks a Supervised rollout that would stop running consumers until the approval
+// annotation names the target engine version.
+func awaitApproval(in gateInput) (string, string, bool) {
+	if in.strategy != v1alpha1.UpgradeSupervised || !oldConsumersRun(in) || in.approval == in.target.Version {
+		return "", "", false
+	}
+	return reasonAwaitingApproval, fmt.Sprintf(
+		"Engine %s (claim protocol %s) cannot run next to the running %s; the Supervised rollout stops the old consumers "+
+			"once approved: kubectl annotate sequentialinbox %s %s=%s",
+		in.target.Version, in.target.ClaimProtocol, describeRunning(in.running), in.inbox, v1alpha1.ApproveRolloutAnnotation, in.target.Version), true
+}
+
+// awaitOldPodsGone blocks while consumer pods of the inbox exist.
+func awaitOldPodsGone(in gateInput) (string, string, bool) {
+	if len(in.pods) == 0 {
+		return "", "", false
+	}
+	return reasonWaitingForPods, fmt.Sprintf("Waiting for %d consumer pod(s) of %s to terminate: %s.",
+		len(in.pods), describeRunning(in.running), strings.Join(in.pods, ", ")), true
+}
+
+// awaitEmptyConsumerGroup blocks while the Kafka consumer group has members (or could not be read).
+func awaitEmptyConsumerGroup(in gateInput) (string, string, bool) {
+	switch {
+	case in.group.err != nil:
+		return reasonGroupUnknown, fmt.Sprintf("Cannot read the members of the Kafka consumer group: %v.", in.group.err), true
+	case !in.group.checked:
+		return reasonGroupUnknown, "The Kafka consumer group was not read yet.", true
+	case len(in.group.members) > 0:
+		return reasonWaitingForGroup, fmt.Sprintf("Waiting for %d member(s) to leave the Kafka consumer group: %s.",
+			len(in.group.members), strings.Join(in.group.members, ", ")), true
+	}
+	return "", "", false
+}
+
+// awaitRegistryClear blocks until a registry read taken after the stop lists no live consumer of
+// another claim protocol.
+func awaitRegistryClear(in gateInput) (string, string, bool) {
+	if !in.registry.checked {
+		return reasonCheckingRegistry, in.registry.pending, true
+	}
+	var others []string
+	for _, c := range in.registry.live {
+		if c.ClaimProtocol != in.target.ClaimProtocol {
+			others = append(others, fmt.Sprintf("%s (engine %s, protocol %s, heartbeat %s)",
+				c.InstanceID, c.EngineVersion, c.ClaimProtocol, c.HeartbeatAt.UTC().Format(time.RFC3339)))
+		}
+	}
+	switch {
+	case len(others) > 0:
+		return reasonWaitingForRegistry, fmt.Sprintf("The database registry lists %d live consumer(s) of another claim protocol: %s.",
+			len(others), strings.Join(others, ", ")), true
+	case in.registry.truncated:
+		return reasonWaitingForRegistry, "The database registry lists more live consumers than the report holds; waiting until it shrinks.", true
+	}
+	return "", "", false
+}
+
+func describeRunning(e engine) string {
+	if !e.known() {
+		return "consumers of an unknown engine version"
+	}
+	return fmt.Sprintf("engine %s (claim protocol %s)", e.Version, e.ClaimProtocol)
+}
+
+// gateRollout lets the rollout proceed when it is proven compatible or the old consumers are gone,
+// stopping them when allowed.
+func (r *Reconciler) gateRollout(ctx context.Context, s *scope) (phaseResult, error) {
+	in := gateInput{
+		strategy: s.inbox.Spec.UpgradeStrategy,
+		approval: s.inbox.Annotations[v1alpha1.ApproveRolloutAnnotation],
+		inbox:    s.inbox.Name,
+		running:  s.running,
+		target:   s.target,
+		replicas: desiredReplicas(s.deployment),
+		pods:     podNames(s.consumerPods),
+	}
+	if sameClaimProtocol(in) {
+		s.setCondition(rolloutBlockedCondition(reasonSameProtocol, fmt.Sprintf(
+			"Engine %s speaks claim protocol %s like the running consumers; they are replaced by a rolling update.",
+			in.target.Version, in.target.ClaimProtocol), false))
+		return proceed, nil
+	}
+	if reason, message, blocked := awaitApproval(in); blocked {
+		return r.block(s, reason, message, waitForEvent()), nil
+	}
+	if err := r.stopConsumers(ctx, s, fmt.Sprintf("engine %s (claim protocol %s) starts only after %s stopped",
+		in.target.Version, in.target.ClaimProtocol, describeRunning(in.running))); err != nil {
+		return proceed, err
+	}
+	if len(in.pods) == 0 {
+		in.group = r.observeGroup(ctx, s)
+	}
+	if len(in.pods) == 0 && in.group.checked && len(in.group.members) == 0 {
+		view, err := r.observeRegistry(ctx, s)
+		if err != nil {
+			return proceed, err
+		}
+		in.registry = view
+	}
+	reason, message, blocked := evaluate(rolloutPolicies, in)
+	if !blocked {
+		s.setCondition(rolloutBlockedCondition(reasonNothingToStop, fmt.Sprintf(
+			"No consumer of another claim protocol runs (pods gone, consumer group empty, registry clear); engine %s may start.",
+			in.target.Version), false))
+		return proceed, nil
+	}
+	next := waitForEvent()
+	switch {
+	case reason == reasonWaitingForGroup || reason == reasonGroupUnknown:
+		next = requeueAfter(r.PollInterval)
+	case reason == reasonWaitingForRegistry && in.registry.current:
+		// Heartbeats expire and consumers deregister: read the registry again after a while.
+		startNextAttempt(s.inbox.Status.Probe, &metav1.Time{Time: s.now.Add(r.PollInterval)})
+		next = requeueAfter(r.PollInterval)
+	case reason == reasonWaitingForRegistry || reason == reasonCheckingRegistry:
+		if d := probeRetryIn(s); d > 0 {
+			next = requeueAfter(d)
+		}
+	}
+	return r.block(s, reason, message, next), nil
+}
+
+// block records a blocking verdict.
+func (r *Reconciler) block(s *scope, reason, message string, next phaseResult) phaseResult {
+	s.setCondition(rolloutBlockedCondition(reason, message, true))
+	s.wait(reason, message)
+	return next
+}
+
+// observeGroup reads the members of the inbox's Kafka consumer group.
+func (r *Reconciler) observeGroup(ctx context.Context, s *scope) groupView {
+	conn, err := r.kafkaConnection(ctx, s.inbox)
+	if err != nil {
+		return groupView{err: err}
+	}
+	members, err := r.Groups.GroupMembers(ctx, conn, s.inbox.Spec.Kafka.ConsumerGroup)
+	if err != nil {
+		return groupView{err: err}
+	}
+	return groupView{checked: true, members: members}
+}
+
+// observeRegistry returns the registry as a probe saw it after the consumers stopped, starting
+// such a probe when the current report is older than the stop.
+func (r *Reconciler) observeRegistry(ctx context.Context, s *scope) (registryView, error) {
+	out, err := r.runProbe(ctx, s)
+	if err != nil {
+		return registryView{}, err
+	}
+	if out.state == jobSucceeded && !stoppedWhenCreated(out) {
+		startNextAttempt(s.inbox.Status.Probe, nil)
+		if out, err = r.runProbe(ctx, s); err != nil {
+			return registryView{}, err
+		}
+	}
+	if out.state == jobSucceeded {
+		return reportedRegistry(out.report, true), nil
+	}
+	// A newer read is under way: until it is done, what the previous read after the stop saw stands.
+	previous, err := r.previousStoppedProbe(ctx, s)
+	if err != nil {
+		return registryView{}, err
+	}
+	if previous != nil {
+		return reportedRegistry(previous, false), nil
+	}
+	run := s.inbox.Status.Probe
+	if out.state == jobBackingOff && run.Failures > 0 {
+		return registryView{pending: probeFailure(run, out)}, nil
+	}
+	return registryView{pending: fmt.Sprintf("Pods gone and consumer group empty; Job %s reads the database registry.",
+		jobName(s.inbox, componentProbe, run.Key, run.Attempt))}, nil
+}
+
+func reportedRegistry(report *migrations.Report, current bool) registryView {
+	return registryView{checked: true, live: report.LiveConsumers, truncated: report.LiveConsumersTruncated, current: current}
+}
+
+// previousStoppedProbe returns the report of the previous probe attempt when that attempt
+// succeeded after the consumers had stopped; nil otherwise.
+func (r *Reconciler) previousStoppedProbe(ctx context.Context, s *scope) (*migrations.Report, error) {
+	run := s.inbox.Status.Probe
+	if run == nil || run.Attempt < 2 {
+		return nil, nil
+	}
+	name := jobName(s.inbox, componentProbe, run.Key, run.Attempt-1)
+	var job batchv1.Job
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: s.inbox.Namespace, Name: name}, &job); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	finished, failed, _ := jobFinished(&job)
+	if !finished || failed || job.Annotations[annotationConsumersStopped] != "true" || !metav1.IsControlledBy(&job, s.inbox) {
+		return nil, nil
+	}
+	report, err := r.readReport(ctx, s, name)
+	if err != nil {
+		return nil, nil //nolint:nilerr // an unreadable old report is no report; the current read decides
+	}
+	return report, nil
+}
+
+// probeRetryIn is how long the current probe attempt waits for its backoff.
+func probeRetryIn(s *scope) time.Duration {
+	if run := s.inbox.Status.Probe; run != nil && run.RetryAfter != nil {
+		return run.RetryAfter.Sub(s.now)
+	}
+	return 0
+}
+
+// stopConsumers scales the consumer Deployment to zero; its pods terminate gracefully (they finish
+// in-flight records, commit and leave the group).
+func (r *Reconciler) stopConsumers(ctx context.Context, s *scope, why string) error {
+	d := s.deployment
+	if desiredReplicas(d) == 0 {
+		return nil
+	}
+	before := d.DeepCopy()
+	d.Spec.Replicas = ptr.To(int32(0))
+	if err := r.Client.Patch(ctx, d, client.MergeFrom(before), client.FieldOwner(fieldOwner)); err != nil {
+		return fmt.Errorf("scale deployment %s to 0: %w", d.Name, err)
+	}
+	r.event(s.inbox, corev1.EventTypeNormal, "StoppingConsumers", "ScaleDown", "Scaled Deployment %s to 0: %s", d.Name, why)
+	return nil
+}
+
+func podNames(pods []corev1.Pod) []string {
+	names := make([]string, len(pods))
+	for i, p := range pods {
+		names[i] = p.Name
+	}
+	return names
+}

@@ -1,0 +1,198 @@
+package controller
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/migrations"
+)
+
+var (
+	engineV1 = engine{Image: "seqinbox:v1", Version: "v1.0.0", ClaimProtocol: "insert-first-v1"}
+	engineV2 = engine{Image: "seqinbox:v2", Version: "v2.0.0", ClaimProtocol: "insert-first-v2"}
+	// engineV1Patch speaks the same protocol as engineV1.
+	engineV1Patch = engine{Image: "seqinbox:v1.0.1", Version: "v1.0.1", ClaimProtocol: "insert-first-v1"}
+)
+
+// drained is a gate input in which nothing of the old version is left anywhere.
+func drained(running, target engine) gateInput {
+	return gateInput{
+		strategy: v1alpha1.UpgradeAutomatic, inbox: "orders", running: running, target: target,
+		group:    groupView{checked: true},
+		registry: registryView{checked: true, current: true},
+	}
+}
+
+func TestSameClaimProtocolIsProvenOnlyWhenBothAreKnown(t *testing.T) {
+	cases := []struct {
+		name            string
+		running, target engine
+		want            bool
+	}{
+		{name: "patch release of the same protocol", running: engineV1, target: engineV1Patch, want: true},
+		{name: "different protocol", running: engineV1, target: engineV2, want: false},
+		{name: "unknown running protocol proves nothing", running: engine{Image: "seqinbox:old"}, target: engineV1, want: false},
+		{name: "nothing running proves nothing", running: engine{}, target: engineV1, want: false},
+		{name: "unknown target proves nothing", running: engineV1, target: engine{}, want: false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := sameClaimProtocol(drained(tc.running, tc.target)); got != tc.want {
+				t.Errorf("sameClaimProtocol() = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestAwaitApproval(t *testing.T) {
+	cases := []struct {
+		name        string
+		strategy    v1alpha1.UpgradeStrategy
+		approval    string
+		replicas    int32
+		pods        []string
+		wantBlocked bool
+	}{
+		{name: "automatic never waits", strategy: v1alpha1.UpgradeAutomatic, replicas: 3},
+		{name: "supervised with running consumers waits", strategy: v1alpha1.UpgradeSupervised, replicas: 3, wantBlocked: true},
+		{name: "supervised with leftover pods waits", strategy: v1alpha1.UpgradeSupervised, pods: []string{"p-1"}, wantBlocked: true},
+		{name: "approval of another version does not count", strategy: v1alpha1.UpgradeSupervised, replicas: 3, approval: "v1.0.1", wantBlocked: true},
+		{name: "approval of the target version", strategy: v1alpha1.UpgradeSupervised, replicas: 3, approval: "v2.0.0"},
+		{name: "nothing to stop needs no approval", strategy: v1alpha1.UpgradeSupervised},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			in := drained(engineV1, engineV2)
+			in.strategy, in.approval, in.replicas, in.pods = tc.strategy, tc.approval, tc.replicas, tc.pods
+			reason, message, blocked := awaitApproval(in)
+			if blocked != tc.wantBlocked {
+				t.Fatalf("awaitApproval() blocked = %v (%s), want %v", blocked, message, tc.wantBlocked)
+			}
+			if !blocked {
+				return
+			}
+			if reason != reasonAwaitingApproval {
+				t.Errorf("reason = %q, want %q", reason, reasonAwaitingApproval)
+			}
+			wantCommand := "kubectl annotate sequentialinbox orders inbox.seqinbox.dev/approve-rollout=v2.0.0"
+			if !strings.Contains(message, wantCommand) {
+				t.Errorf("message %q does not say how to approve (%q)", message, wantCommand)
+			}
+		})
+	}
+}
+
+func TestAwaitOldPodsGoneNamesThePods(t *testing.T) {
+	in := drained(engineV1, engineV2)
+	if _, _, blocked := awaitOldPodsGone(in); blocked {
+		t.Fatal("blocked without pods")
+	}
+	in.pods = []string{"orders-consumer-abc", "orders-consumer-def"}
+	reason, message, blocked := awaitOldPodsGone(in)
+	if !blocked || reason != reasonWaitingForPods {
+		t.Fatalf("awaitOldPodsGone() = %q, %v; want %q, blocked", reason, blocked, reasonWaitingForPods)
+	}
+	for _, pod := range in.pods {
+		if !strings.Contains(message, pod) {
+			t.Errorf("message %q does not name pod %s", message, pod)
+		}
+	}
+}
+
+func TestAwaitEmptyConsumerGroup(t *testing.T) {
+	cases := []struct {
+		name        string
+		group       groupView
+		wantReason  string
+		wantMention string
+	}{
+		{name: "empty group passes", group: groupView{checked: true}},
+		{name: "a member blocks and is named", group: groupView{checked: true, members: []string{"m-1 (client seqinbox, host /10.0.0.7)"}},
+			wantReason: reasonWaitingForGroup, wantMention: "m-1 (client seqinbox, host /10.0.0.7)"},
+		{name: "an unreadable group blocks", group: groupView{err: errors.New("dial tcp: connection refused")},
+			wantReason: reasonGroupUnknown, wantMention: "connection refused"},
+		{name: "an unread group blocks", group: groupView{}, wantReason: reasonGroupUnknown},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			in := drained(engineV1, engineV2)
+			in.group = tc.group
+			reason, message, blocked := awaitEmptyConsumerGroup(in)
+			if blocked != (tc.wantReason != "") || reason != tc.wantReason {
+				t.Fatalf("awaitEmptyConsumerGroup() = %q, %v; want %q", reason, blocked, tc.wantReason)
+			}
+			if !strings.Contains(message, tc.wantMention) {
+				t.Errorf("message %q does not mention %q", message, tc.wantMention)
+			}
+		})
+	}
+}
+
+func TestAwaitRegistryClear(t *testing.T) {
+	heartbeat := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	oldConsumer := migrations.LiveConsumer{InstanceID: "orders-consumer-abc", EngineVersion: "v1.0.0", ClaimProtocol: "insert-first-v1", HeartbeatAt: heartbeat}
+	newConsumer := migrations.LiveConsumer{InstanceID: "laptop", EngineVersion: "v2.0.0", ClaimProtocol: "insert-first-v2", HeartbeatAt: heartbeat}
+	cases := []struct {
+		name        string
+		registry    registryView
+		wantReason  string
+		wantMention string
+	}{
+		{name: "no live consumer passes", registry: registryView{checked: true}},
+		{name: "a live consumer of the target protocol passes", registry: registryView{checked: true, live: []migrations.LiveConsumer{newConsumer}}},
+		{name: "a live consumer of the old protocol blocks and is named", registry: registryView{checked: true, live: []migrations.LiveConsumer{newConsumer, oldConsumer}},
+			wantReason: reasonWaitingForRegistry, wantMention: "orders-consumer-abc (engine v1.0.0, protocol insert-first-v1, heartbeat 2026-05-01T12:00:00Z)"},
+		{name: "a truncated list proves nothing", registry: registryView{checked: true, truncated: true, live: []migrations.LiveConsumer{newConsumer}},
+			wantReason: reasonWaitingForRegistry, wantMention: "more live consumers"},
+		{name: "no read after the stop yet", registry: registryView{pending: "Job orders-probe-x-2 reads the database registry."},
+			wantReason: reasonCheckingRegistry, wantMention: "orders-probe-x-2"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			in := drained(engineV1, engineV2)
+			in.registry = tc.registry
+			reason, message, blocked := awaitRegistryClear(in)
+			if blocked != (tc.wantReason != "") || reason != tc.wantReason {
+				t.Fatalf("awaitRegistryClear() = %q, %v (%s); want %q", reason, blocked, message, tc.wantReason)
+			}
+			if !strings.Contains(message, tc.wantMention) {
+				t.Errorf("message %q does not mention %q", message, tc.wantMention)
+			}
+			if blocked && strings.Contains(message, "laptop") {
+				t.Errorf("message %q names a consumer of the target protocol", message)
+			}
+		})
+	}
+}
+
+func TestPolicyChainReportsTheFirstBlockingPolicyInOrder(t *testing.T) {
+	everything := drained(engineV1, engineV2)
+	everything.strategy = v1alpha1.UpgradeSupervised
+	everything.replicas = 2
+	everything.pods = []string{"orders-consumer-abc"}
+	everything.group = groupView{checked: true, members: []string{"m-1"}}
+	everything.registry = registryView{pending: "not read"}
+
+	steps := []struct {
+		name   string
+		fix    func(*gateInput)
+		reason string
+	}{
+		{name: "approval first", fix: func(*gateInput) {}, reason: reasonAwaitingApproval},
+		{name: "then the pods", fix: func(in *gateInput) { in.approval = "v2.0.0" }, reason: reasonWaitingForPods},
+		{name: "then the group", fix: func(in *gateInput) { in.pods, in.replicas = nil, 0 }, reason: reasonWaitingForGroup},
+		{name: "then the registry", fix: func(in *gateInput) { in.group.members = nil }, reason: reasonCheckingRegistry},
+		{name: "then nothing", fix: func(in *gateInput) { in.registry = registryView{checked: true} }, reason: ""},
+	}
+	in := everything
+	for _, step := range steps {
+		step.fix(&in)
+		reason, _, blocked := evaluate(rolloutPolicies, in)
+		if reason != step.reason || blocked != (step.reason != "") {
+			t.Fatalf("%s: evaluate() = %q, %v; want %q", step.name, reason, blocked, step.reason)
+		}
+	}
+}

@@ -1,0 +1,171 @@
+package controller
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
+)
+
+// KafkaConnection is how the operator reaches an inbox's brokers: the bootstrap servers and,
+// from the inbox's Secrets, TLS and SASL.
+type KafkaConnection struct {
+	Bootstrap []string
+	TLS       *tls.Config
+	SASL      sasl.Mechanism
+}
+
+// GroupInspector lists the members of a Kafka consumer group; the rollout gate waits until the
+// old consumers left the group. It is the reconciler's only view of Kafka.
+type GroupInspector interface {
+	GroupMembers(ctx context.Context, conn KafkaConnection, group string) ([]string, error)
+}
+
+// KafkaGroups is the GroupInspector over franz-go's admin client; it describes classic groups
+// and, where the brokers support KIP-848, consumer-protocol groups.
+type KafkaGroups struct {
+	// Timeout bounds one inspection (connect, describe); zero means ten seconds.
+	Timeout time.Duration
+}
+
+// GroupMembers returns "memberID (client, host)" for every member of the group; a group that
+// does not exist has none.
+func (k KafkaGroups) GroupMembers(ctx context.Context, conn KafkaConnection, group string) ([]string, error) {
+	timeout := k.Timeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	opts := []kgo.Opt{kgo.SeedBrokers(conn.Bootstrap...), kgo.ClientID("seqinbox-operator")}
+	if conn.TLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(conn.TLS))
+	}
+	if conn.SASL != nil {
+		opts = append(opts, kgo.SASL(conn.SASL))
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client for %v: %w", conn.Bootstrap, err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+
+	var members []string
+	classic, err := adm.DescribeGroups(ctx, group)
+	if err != nil {
+		return nil, fmt.Errorf("describe group %s: %w", group, err)
+	}
+	if g, ok := classic[group]; ok {
+		if g.Err != nil && !errors.Is(g.Err, kerr.GroupIDNotFound) {
+			return nil, fmt.Errorf("describe group %s: %w", group, g.Err)
+		}
+		for _, m := range g.Members {
+			members = append(members, describeMember(m.MemberID, m.ClientID, m.ClientHost))
+		}
+	}
+	supported, err := supportsConsumerGroups(ctx, adm)
+	if err != nil || !supported {
+		return members, err
+	}
+	next, err := adm.DescribeConsumerGroups(ctx, group)
+	if err != nil {
+		return nil, fmt.Errorf("describe consumer group %s: %w", group, err)
+	}
+	if g, ok := next[group]; ok {
+		if g.Err != nil && !errors.Is(g.Err, kerr.GroupIDNotFound) {
+			return nil, fmt.Errorf("describe consumer group %s: %w", group, g.Err)
+		}
+		for _, m := range g.Members {
+			members = append(members, describeMember(m.MemberID, m.ClientID, m.ClientHost))
+		}
+	}
+	return members, nil
+}
+
+func describeMember(id, clientID, host string) string {
+	return fmt.Sprintf("%s (client %s, host %s)", id, clientID, host)
+}
+
+// supportsConsumerGroups reports whether every broker answers KIP-848's ConsumerGroupDescribe.
+func supportsConsumerGroups(ctx context.Context, adm *kadm.Client) (bool, error) {
+	versions, err := adm.ApiVersions(ctx)
+	if err != nil {
+		return false, fmt.Errorf("api versions: %w", err)
+	}
+	supported := len(versions) > 0
+	versions.Each(func(v kadm.BrokerApiVersions) {
+		if _, ok := v.KeyMaxVersion(int16(kmsg.ConsumerGroupDescribe)); v.Err != nil || !ok {
+			supported = false
+		}
+	})
+	return supported, nil
+}
+
+// kafkaConnection builds the connection of an inbox, reading its TLS and SASL Secrets (get only,
+// without a cache: the operator keeps no Secret in memory).
+func (r *Reconciler) kafkaConnection(ctx context.Context, inbox *v1alpha1.SequentialInbox) (KafkaConnection, error) {
+	conn := KafkaConnection{Bootstrap: inbox.Spec.Kafka.BootstrapServers}
+	if t := inbox.Spec.Kafka.TLS; t != nil {
+		conn.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+		if t.CASecretRef != nil {
+			pem, err := r.secretValue(ctx, inbox.Namespace, *t.CASecretRef)
+			if err != nil {
+				return conn, err
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return conn, fmt.Errorf("secret %s key %s holds no PEM certificate", t.CASecretRef.Name, t.CASecretRef.Key)
+			}
+			conn.TLS.RootCAs = pool
+		}
+	}
+	if s := inbox.Spec.Kafka.SASL; s != nil {
+		user, err := r.secretValue(ctx, inbox.Namespace, s.UsernameSecretRef)
+		if err != nil {
+			return conn, err
+		}
+		pass, err := r.secretValue(ctx, inbox.Namespace, s.PasswordSecretRef)
+		if err != nil {
+			return conn, err
+		}
+		switch s.Mechanism {
+		case "PLAIN":
+			conn.SASL = plain.Auth{User: string(user), Pass: string(pass)}.AsMechanism()
+		case "SCRAM-SHA-256":
+			conn.SASL = scram.Auth{User: string(user), Pass: string(pass)}.AsSha256Mechanism()
+		case "SCRAM-SHA-512":
+			conn.SASL = scram.Auth{User: string(user), Pass: string(pass)}.AsSha512Mechanism()
+		default:
+			return conn, fmt.Errorf("SASL mechanism %q is not supported", s.Mechanism)
+		}
+	}
+	return conn, nil
+}
+
+// secretValue reads one key of a Secret in the inbox's namespace.
+func (r *Reconciler) secretValue(ctx context.Context, namespace string, ref corev1.SecretKeySelector) ([]byte, error) {
+	var secret corev1.Secret
+	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ref.Name}, &secret); err != nil {
+		return nil, fmt.Errorf("read secret %s: %w", ref.Name, err)
+	}
+	value, ok := secret.Data[ref.Key]
+	if !ok {
+		return nil, fmt.Errorf("secret %s has no key %s", ref.Name, ref.Key)
+	}
+	return value, nil
+}

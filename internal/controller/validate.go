@@ -1,0 +1,28 @@
+package controller
+
+import (
+	"context"
+
+	"github.com/seqinbox/seqinbox/internal/declaration"
+)
+
+// validate runs the semantic validation that the CRD schema cannot express: the §5 rules of the
+// sequences (declaration.Compile, the same function the consumer builds its engine with) and the
+// connection budget. An invalid spec stops the pass before anything running is touched, and
+// ConfigValid names every offending field. A poll interval that cannot cover the worst case is
+// a warning (Degraded), not an error.
+func (r *Reconciler) validate(_ context.Context, s *scope) (phaseResult, error) {
+	set, errs := declaration.Compile(&s.inbox.Spec)
+	if err := checkConnectionBudget(&s.inbox.Spec); err != nil {
+		errs = append(errs, err)
+	}
+	s.setCondition(configValidCondition(errs))
+	if len(errs) > 0 {
+		return waitForEvent(), nil
+	}
+	s.set = set
+	if warning := checkPollInterval(&s.inbox.Spec, declaration.LongestChain(set)); warning != nil {
+		s.problem(reasonPollInterval, warning.Error())
+	}
+	return proceed, nil
+}
