@@ -129,7 +129,7 @@ func (c *consumer) waitReady(ctx context.Context) error {
 		}
 		select {
 		case <-c.done:
-			return fmt.Errorf("consumer %s exited before it was ready (%v); its log:\n%s", c.Name, c.err, c.logTail(20))
+			return fmt.Errorf("consumer %s exited before it was ready (%w); its log:\n%s", c.Name, c.exitReason(), c.logTail(20))
 		case <-ctx.Done():
 			return fmt.Errorf("consumer %s not ready: %w; its log:\n%s", c.Name, ctx.Err(), c.logTail(20))
 		case <-ticker.C:
@@ -162,14 +162,23 @@ func (c *consumer) stop() error {
 	return nil
 }
 
-// exited reports whether the process ended, and how.
-func (c *consumer) exited() (bool, error) {
+// exited reports whether the process ended.
+func (c *consumer) exited() bool {
 	select {
 	case <-c.done:
-		return true, c.err
+		return true
 	default:
-		return false, nil
+		return false
 	}
+}
+
+// exitReason says how an exited process ended; a clean exit is an error too when the consumer
+// should still run.
+func (c *consumer) exitReason() error {
+	if c.err == nil {
+		return errors.New("exit status 0")
+	}
+	return c.err
 }
 
 // logTail returns the last n lines of the consumer's output, indented.

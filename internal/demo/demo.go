@@ -45,7 +45,8 @@ const progressEvery = time.Second
 func Run(ctx context.Context, opts Options) (report *Report, err error) {
 	started := time.Now()
 	step := func(format string, args ...any) {
-		fmt.Fprintf(opts.Out, "demo %5.1fs  %s\n", time.Since(started).Seconds(), fmt.Sprintf(format, args...))
+		// Progress is best effort: a closed terminal must not stop the demo's cleanup.
+		_, _ = fmt.Fprintf(opts.Out, "demo %5.1fs  %s\n", time.Since(started).Seconds(), fmt.Sprintf(format, args...))
 	}
 
 	manifestData, err := os.ReadFile(opts.Manifest)
@@ -78,7 +79,7 @@ func Run(ctx context.Context, opts Options) (report *Report, err error) {
 		step("  sequence %s: %s", seq.Name, strings.Join(rules, "; "))
 	}
 
-	cluster, err := StartBroker(sc, dlqTopic)
+	cluster, err := StartBroker(0, Topic{Name: sc.Topic, Partitions: sc.Partitions}, Topic{Name: dlqTopic, Partitions: 1})
 	if err != nil {
 		return nil, err
 	}
@@ -151,7 +152,7 @@ func Run(ctx context.Context, opts Options) (report *Report, err error) {
 		return nil, err
 	}
 
-	report = &Report{Scenario: sc, Counters: engineCounters(), DeadLetterTopic: dlqTopic}
+	report = &Report{Scenario: sc, Counters: engineCounters(), Database: db.Name, DeadLetterTopic: dlqTopic}
 	for _, c := range consumers {
 		families, err := Scrape(ctx, "http://"+c.MetricsAddr+"/metrics")
 		if err != nil {
@@ -212,8 +213,8 @@ func awaitProcessed(ctx context.Context, timeout time.Duration, seeds []string, 
 	lastPrint := time.Time{}
 	for {
 		for _, c := range consumers {
-			if exited, exitErr := c.exited(); exited {
-				return fmt.Errorf("consumer %s exited while processing (%v); its log:\n%s", c.Name, exitErr, c.logTail(20))
+			if c.exited() {
+				return fmt.Errorf("consumer %s exited while processing (%w); its log:\n%s", c.Name, c.exitReason(), c.logTail(20))
 			}
 		}
 		left, err := Unprocessed(ctx, seeds, sc.Topic, groups)

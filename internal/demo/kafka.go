@@ -12,14 +12,20 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// StartBroker starts an embedded Kafka cluster (kfake, the real wire protocol, in this process)
-// with the scenario's topic and a one-partition dead-letter topic. The caller closes it.
-func StartBroker(sc *Scenario, deadLetterTopic string) (*kfake.Cluster, error) {
-	cluster, err := kfake.NewCluster(
-		kfake.NumBrokers(1),
-		kfake.SeedTopics(sc.Partitions, sc.Topic),
-		kfake.SeedTopics(1, deadLetterTopic),
-	)
+// Topic is a topic the embedded broker creates at start.
+type Topic struct {
+	Name       string
+	Partitions int32
+}
+
+// StartBroker starts an embedded single-broker Kafka cluster (kfake: the real wire protocol, in
+// this process) with the given topics, on the given port (0: any free port). The caller closes it.
+func StartBroker(port int, topics ...Topic) (*kfake.Cluster, error) {
+	opts := []kfake.Opt{kfake.NumBrokers(1), kfake.Ports(port)}
+	for _, t := range topics {
+		opts = append(opts, kfake.SeedTopics(t.Partitions, t.Name))
+	}
+	cluster, err := kfake.NewCluster(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("start the embedded Kafka broker: %w", err)
 	}

@@ -29,7 +29,8 @@ func engineCounters() []Counter {
 		{Label: "buffered (waiting for predecessors)", Metric: "seqinbox_messages_buffered_total"},
 		{Label: "released from the buffer", Metric: "seqinbox_message_waiting_seconds"},
 		{Label: "accepted by the sink", Metric: "seqinbox_messages_consumed_total"},
-		{Label: "listener failures", Metric: "seqinbox_listener_failures_total"},
+		{Label: "sink attempts retried", Metric: "seqinbox_sink_retries_total"},
+		{Label: "listener failures (after all retries)", Metric: "seqinbox_listener_failures_total"},
 	}
 }
 

@@ -258,7 +258,7 @@ func TestCounterSumsSelectedSeriesOfAScrape(t *testing.T) {
 	want := map[string]float64{
 		"claims won (delivery processes the message)": 5, "claims lost (duplicate skipped)": 7,
 		"released from the buffer": 3, "buffered (waiting for predecessors)": 0,
-		"accepted by the sink": 0, "listener failures": 0,
+		"accepted by the sink": 0, "sink attempts retried": 0, "listener failures (after all retries)": 0,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("counters = %v, want %v", got, want)
@@ -270,7 +270,7 @@ func TestReportShowsOrdersSinkMetricsAndDeadLetters(t *testing.T) {
 	sc := OrderScenario("orders")
 	ds, dead := inOrder(t, set, sc, 2)
 	r := &Report{Scenario: sc, Counters: engineCounters(), Deliveries: ds, DeadLetterTopic: "orders.dlq", DeadLetters: dead,
-		Consumers: []ConsumerStats{{Name: "consumer-a", Values: []float64{9, 10, 3, 3, 9, 0}}, {Name: "consumer-b", Values: []float64{7, 12, 2, 2, 7, 0}}},
+		Consumers: []ConsumerStats{{Name: "consumer-a", Values: []float64{9, 10, 3, 3, 9, 1, 0}}, {Name: "consumer-b", Values: []float64{7, 12, 2, 2, 7, 0, 0}}},
 		Verdict:   Check(set, sc, ds, dead, 2)}
 	var out bytes.Buffer
 	if err := r.Write(&out); err != nil {

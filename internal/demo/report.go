@@ -23,6 +23,8 @@ type Report struct {
 	Consumers []ConsumerStats
 	// Deliveries are the sink's requests in arrival order.
 	Deliveries []Delivery
+	// Database is the temporary database the run created and dropped.
+	Database string
 	// DeadLetterTopic and DeadLetters are what the dead-letter topic holds after the run.
 	DeadLetterTopic string
 	DeadLetters     []DeadLetter
