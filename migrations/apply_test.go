@@ -390,3 +390,20 @@ func TestCancelledMigratorWaitingForTheLockReturnsAndLeavesTheSchemaAlone(t *tes
 		t.Fatalf("Current = %d, %v; want 0: a cancelled migrator applies nothing", v, err)
 	}
 }
+
+func TestRenamedAppliedFileIsRefused(t *testing.T) {
+	ctx := context.Background()
+	pool := newDatabase(t)
+	if _, err := migrations.Apply(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+migrations.LedgerTable+` SET name = '0003_registry.sql' WHERE version = 3`); err != nil {
+		t.Fatal(err)
+	}
+
+	_, err := migrations.Apply(ctx, pool)
+	if !errors.Is(err, migrations.ErrLedgerMismatch) || !strings.Contains(err.Error(), "0003_registry.sql") ||
+		!strings.Contains(err.Error(), "0003_consumer_registry.sql") {
+		t.Fatalf("Apply error = %v, want ErrLedgerMismatch naming both file names", err)
+	}
+}

@@ -262,10 +262,14 @@ func verify(rows []ledgerRow, ms []Migration) error {
 				"restore it from the migration files before migrating", ErrLedgerMismatch, LedgerTable, r.Version, i+1)
 		}
 		m := ms[i]
-		if r.Name != m.Name || r.Checksum != m.Checksum {
-			return fmt.Errorf("%w: migration %s was applied as %s with checksum %s, but this binary's file has checksum %s; "+
+		if r.Name != m.Name {
+			return fmt.Errorf("%w: version %d was applied as %s, but this binary's file is %s; "+
+				"applied migration files must never be renamed: restore the original name", ErrLedgerMismatch, r.Version, r.Name, m.Name)
+		}
+		if r.Checksum != m.Checksum {
+			return fmt.Errorf("%w: migration %s was applied with checksum %s, but this binary's file has checksum %s; "+
 				"applied migration files must never change: restore the original file and put the change in a new migration",
-				ErrLedgerMismatch, m.Name, r.Name, r.Checksum, m.Checksum)
+				ErrLedgerMismatch, m.Name, r.Checksum, m.Checksum)
 		}
 	}
 	return nil

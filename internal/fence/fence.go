@@ -19,6 +19,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/seqinbox/seqinbox/migrations"
@@ -217,18 +218,26 @@ WHERE heartbeat_at > now() - $1 * interval '1 microsecond'
 ORDER BY consumer_group, instance_id`
 
 // LiveConsumers returns the consumers of every group whose heartbeat is younger than liveWithin,
-// ordered by group and instance; the migrate command reports them.
+// ordered by group and instance; the migrate command reports them. A database whose schema
+// predates the registry has none. Do not call it inside a transaction: the missing table is
+// detected by its error.
 func LiveConsumers(ctx context.Context, db migrations.Querier, liveWithin time.Duration) ([]Consumer, error) {
+	var cs []Consumer
 	rows, err := db.Query(ctx, liveSQL, liveWithin.Microseconds())
-	if err != nil {
-		return nil, fmt.Errorf("list live consumers: %w", err)
+	if err == nil {
+		cs, err = pgx.CollectRows(rows, scanConsumer)
 	}
-	cs, err := pgx.CollectRows(rows, scanConsumer)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == sqlstateUndefinedTable {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list live consumers: %w", err)
 	}
 	return cs, nil
 }
+
+// sqlstateUndefinedTable is PostgreSQL's undefined_table error code.
+const sqlstateUndefinedTable = "42P01"
 
 func scanConsumer(row pgx.CollectableRow) (Consumer, error) {
 	var c Consumer

@@ -291,3 +291,12 @@ func TestNewRejectsIncompleteIdentityAndWindowNotAboveInterval(t *testing.T) {
 		})
 	}
 }
+
+func TestLiveConsumersOfADatabaseWithoutRegistryAreNone(t *testing.T) {
+	pool := migratedDatabase(t, 2)
+
+	live, err := fence.LiveConsumers(context.Background(), pool, fence.DefaultLivenessWindow)
+	if err != nil || len(live) != 0 {
+		t.Fatalf("LiveConsumers before the registry migration = %v, %v; want none, no error", live, err)
+	}
+}
