@@ -9,6 +9,7 @@ import (
 
 	"github.com/seqinbox/seqinbox/internal/inbox"
 	"github.com/seqinbox/seqinbox/internal/version"
+	"github.com/seqinbox/seqinbox/migrations"
 )
 
 func init() {
@@ -19,6 +20,7 @@ func init() {
 type versionInfo struct {
 	Version       string `json:"version"`
 	Commit        string `json:"commit"`
+	SchemaVersion int    `json:"schemaVersion"`
 	ClaimProtocol string `json:"claimProtocol"`
 }
 
@@ -28,12 +30,12 @@ func runVersion(_ context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
-	info := versionInfo{Version: version.Version, Commit: version.Commit, ClaimProtocol: inbox.ClaimProtocol}
+	info := versionInfo{Version: version.Version, Commit: version.Commit, SchemaVersion: migrations.Latest(), ClaimProtocol: inbox.ClaimProtocol}
 	switch *output {
 	case "json":
 		return json.NewEncoder(os.Stdout).Encode(info)
 	case "text":
-		fmt.Printf("seqinbox %s (commit %s), claim protocol %s\n", info.Version, info.Commit, info.ClaimProtocol)
+		fmt.Printf("seqinbox %s (commit %s), schema version %d, claim protocol %s\n", info.Version, info.Commit, info.SchemaVersion, info.ClaimProtocol)
 		return nil
 	default:
 		return fmt.Errorf("--output %q: use text or json", *output)

@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/seqinbox/seqinbox/internal/fence"
+	"github.com/seqinbox/seqinbox/internal/inbox"
+	"github.com/seqinbox/seqinbox/internal/version"
+	"github.com/seqinbox/seqinbox/migrations"
+)
+
+func init() {
+	commands["migrate"] = command{summary: "apply the embedded schema migrations and report schema, claim protocol and live consumers", run: runMigrate}
+}
+
+// migrateOptions are the flags of `seqinbox migrate` that decide what it does.
+type migrateOptions struct {
+	databaseURL string
+	dryRun      bool
+	liveWithin  time.Duration
+}
+
+func runMigrate(ctx context.Context, args []string) error {
+	return migrateCommand(ctx, args, os.Stdout)
+}
+
+// migrateCommand is `seqinbox migrate` with its output going to stdout.
+func migrateCommand(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	databaseURL := fs.String("database-url", os.Getenv("SEQINBOX_DATABASE_URL"), "PostgreSQL database to migrate (env SEQINBOX_DATABASE_URL)")
+	output := fs.String("output", "text", "output format: text or json")
+	dryRun := fs.Bool("dry-run", false, "apply nothing; report the current schema version and the pending migrations")
+	terminationPath := fs.String("termination-message-path", "", "also write the JSON report here, cut to 4 KiB (Kubernetes termination message)")
+	liveWithin := fs.Duration("live-within", fence.DefaultLivenessWindow, "a consumer whose last heartbeat is younger than this is reported live")
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	if *output != "text" && *output != "json" {
+		return fmt.Errorf("--output %q: use text or json", *output)
+	}
+	if *databaseURL == "" {
+		return errors.New("--database-url or SEQINBOX_DATABASE_URL is required")
+	}
+	if *liveWithin <= 0 {
+		return fmt.Errorf("--live-within %s: must be positive", *liveWithin)
+	}
+
+	report, runErr := migrate(ctx, migrateOptions{databaseURL: *databaseURL, dryRun: *dryRun, liveWithin: *liveWithin})
+	if runErr != nil {
+		report.Error = runErr.Error()
+	}
+	if *terminationPath != "" {
+		if err := writeTerminationMessage(*terminationPath, report); err != nil {
+			return errors.Join(runErr, err)
+		}
+	}
+	if *output == "json" {
+		if err := json.NewEncoder(stdout).Encode(report); err != nil {
+			return errors.Join(runErr, fmt.Errorf("write report: %w", err))
+		}
+	} else if runErr == nil {
+		if err := writeMigrateText(stdout, report); err != nil {
+			return fmt.Errorf("write report: %w", err)
+		}
+	}
+	return runErr
+}
+
+// migrate applies the embedded migrations (or, for a dry run, inspects them) and reports the
+// result with the live consumers. On error the report still names this build.
+func migrate(ctx context.Context, opts migrateOptions) (migrations.Report, error) {
+	report := migrations.Report{ClaimProtocol: inbox.ClaimProtocol, EngineVersion: version.Version, DryRun: opts.dryRun}
+	conn, err := pgx.Connect(ctx, opts.databaseURL)
+	if err != nil {
+		return report, fmt.Errorf("connect to the database: %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+
+	if opts.dryRun {
+		st, err := migrations.Inspect(ctx, conn)
+		if err != nil {
+			return report, err
+		}
+		report.SchemaVersion, report.Pending = st.Version, st.Pending
+	} else {
+		res, err := migrations.ApplyConn(ctx, conn)
+		report.SchemaVersion, report.Applied = res.After, res.Applied
+		if err != nil {
+			return report, err
+		}
+	}
+
+	live, err := fence.LiveConsumers(ctx, conn, opts.liveWithin)
+	if err != nil {
+		return report, err
+	}
+	for _, c := range live {
+		report.LiveConsumers = append(report.LiveConsumers, migrations.LiveConsumer{
+			InstanceID: c.InstanceID, ConsumerGroup: c.ConsumerGroup, EngineVersion: c.EngineVersion,
+			ClaimProtocol: c.ClaimProtocol, HeartbeatAt: c.HeartbeatAt.UTC().Truncate(time.Second),
+		})
+	}
+	return report, nil
+}
+
+// writeTerminationMessage writes the report where Kubernetes reads the container's termination
+// message, within the size Kubernetes keeps.
+func writeTerminationMessage(path string, report migrations.Report) error {
+	b, err := report.EncodeWithin(migrations.TerminationMessageLimit)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("write termination message: %w", err)
+	}
+	return nil
+}
+
+// writeMigrateText prints the report for a person.
+func writeMigrateText(w io.Writer, r migrations.Report) error {
+	applied := "applied now: " + versionList(r.Applied)
+	if r.DryRun {
+		applied = "dry run, nothing applied"
+	}
+	fmt.Fprintf(w, "schema version %d (%s; pending: %s)\n", r.SchemaVersion, applied, versionList(r.Pending))
+	fmt.Fprintf(w, "this build: engine %s, claim protocol %s\n", r.EngineVersion, r.ClaimProtocol)
+	if len(r.LiveConsumers) == 0 {
+		_, err := fmt.Fprintln(w, "live consumers: none")
+		return err
+	}
+	fmt.Fprintf(w, "live consumers (%d):\n", len(r.LiveConsumers))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  INSTANCE\tGROUP\tENGINE\tCLAIM PROTOCOL\tLAST HEARTBEAT")
+	for _, c := range r.LiveConsumers {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", c.InstanceID, c.ConsumerGroup, c.EngineVersion, c.ClaimProtocol, c.HeartbeatAt.Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
+
+func versionList(vs []int) string {
+	if len(vs) == 0 {
+		return "none"
+	}
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = fmt.Sprint(v)
+	}
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/seqinbox/seqinbox/internal/fence"
+	"github.com/seqinbox/seqinbox/internal/inbox"
+	"github.com/seqinbox/seqinbox/internal/testenv"
+	"github.com/seqinbox/seqinbox/internal/version"
+	"github.com/seqinbox/seqinbox/migrations"
+)
+
+// migrateDatabase creates an empty database for one test; it returns its URL and a pool on it.
+func migrateDatabase(t *testing.T) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	url, drop, err := testenv.NewDatabase(ctx, "cmd_migrate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(drop)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return url, pool
+}
+
+func allVersions() []int {
+	vs := make([]int, migrations.Latest())
+	for i := range vs {
+		vs[i] = i + 1
+	}
+	return vs
+}
+
+func TestMigrateDryRunAppliesNothingAndReportsPending(t *testing.T) {
+	ctx := context.Background()
+	url, pool := migrateDatabase(t)
+	if _, err := migrations.ApplyUpTo(ctx, pool, 1); err != nil {
+		t.Fatal(err)
+	}
+
+	report, err := migrate(ctx, migrateOptions{databaseURL: url, dryRun: true, liveWithin: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if report.SchemaVersion != 1 || len(report.Applied) != 0 || !slices.Equal(report.Pending, allVersions()[1:]) || !report.DryRun {
+		t.Fatalf("dry-run report = %+v, want version 1, nothing applied, %v pending", report, allVersions()[1:])
+	}
+	if v, err := migrations.Current(ctx, pool); err != nil || v != 1 {
+		t.Fatalf("schema version after dry run = %d, %v; want still 1", v, err)
+	}
+	var claimTable bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('sequential_inbox_idempotence') IS NOT NULL`).Scan(&claimTable); err != nil || claimTable {
+		t.Fatalf("claim table exists after a dry run (%v, %v)", claimTable, err)
+	}
+}
+
+func TestMigrateAppliesThenReportsOnlyLiveConsumers(t *testing.T) {
+	ctx := context.Background()
+	url, pool := migrateDatabase(t)
+
+	first, err := migrate(ctx, migrateOptions{databaseURL: url, liveWithin: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.SchemaVersion != migrations.Latest() || !slices.Equal(first.Applied, allVersions()) || len(first.Pending) != 0 ||
+		first.ClaimProtocol != inbox.ClaimProtocol || first.EngineVersion != version.Version || len(first.LiveConsumers) != 0 {
+		t.Fatalf("first report = %+v, want every version applied by this build and no consumers", first)
+	}
+
+	for _, id := range []string{"live", "stale"} {
+		f, err := fence.New(pool, fence.Identity{InstanceID: id, ConsumerGroup: "orders", EngineVersion: "v0.0.9", ClaimProtocol: "old-v0"}, fence.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Register(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `UPDATE consumer_registry SET heartbeat_at = now() - interval '2 minutes' WHERE instance_id = 'stale'`); err != nil {
+		t.Fatal(err)
+	}
+
+	second, err := migrate(ctx, migrateOptions{databaseURL: url, liveWithin: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(second.Applied) != 0 || second.SchemaVersion != migrations.Latest() {
+		t.Fatalf("second report = %+v, want nothing applied", second)
+	}
+	if len(second.LiveConsumers) != 1 {
+		t.Fatalf("live consumers = %+v, want only the live one", second.LiveConsumers)
+	}
+	c := second.LiveConsumers[0]
+	if c.InstanceID != "live" || c.ConsumerGroup != "orders" || c.EngineVersion != "v0.0.9" || c.ClaimProtocol != "old-v0" ||
+		c.HeartbeatAt.IsZero() || c.HeartbeatAt.Location() != time.UTC {
+		t.Fatalf("live consumer = %+v, want the registered identity with a UTC heartbeat", c)
+	}
+}
+
+func TestMigrateCommandWritesTheSameJSONToStdoutAndTheTerminationMessage(t *testing.T) {
+	url, _ := migrateDatabase(t)
+	path := filepath.Join(t.TempDir(), "termination-log")
+	var stdout bytes.Buffer
+
+	err := migrateCommand(context.Background(), []string{"--database-url", url, "--output", "json", "--termination-message-path", path}, &stdout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	message, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(stdout.String()) != string(message) {
+		t.Fatalf("stdout %s differs from the termination message %s", stdout.String(), message)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(message, &fields); err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]string, 0, len(fields))
+	for k := range fields {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	want := []string{"applied", "claimProtocol", "engineVersion", "liveConsumers", "pending", "schemaVersion"}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("report keys = %v, want exactly %v", keys, want)
+	}
+	if string(fields["applied"]) != "[1,2,3]" || string(fields["pending"]) != "[]" || string(fields["liveConsumers"]) != "[]" {
+		t.Fatalf("report = %s, want applied [1,2,3], pending [], liveConsumers []", message)
+	}
+}
+
+func TestMigrateCommandCutsTheTerminationMessageButNotStdout(t *testing.T) {
+	ctx := context.Background()
+	url, pool := migrateDatabase(t)
+	if _, err := migrations.Apply(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	const consumers = 200
+	_, err := pool.Exec(ctx, `
+		INSERT INTO consumer_registry (instance_id, consumer_group, engine_version, claim_protocol, started_at, heartbeat_at)
+		SELECT 'orders-consumer-7d9f8c6b5-' || lpad(i::text, 5, '0'), 'orders', 'v0.1.0', 'insert-first-v1', now(), now()
+		FROM generate_series(1, $1) i`, consumers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "termination-log")
+	var stdout bytes.Buffer
+
+	if err := migrateCommand(ctx, []string{"--database-url", url, "--output", "json", "--termination-message-path", path}, &stdout); err != nil {
+		t.Fatal(err)
+	}
+	var full, cut migrations.Report
+	if err := json.Unmarshal(stdout.Bytes(), &full); err != nil {
+		t.Fatal(err)
+	}
+	message, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(message, &cut); err != nil {
+		t.Fatal(err)
+	}
+	if len(full.LiveConsumers) != consumers || full.LiveConsumersTruncated {
+		t.Fatalf("stdout lists %d consumers (truncated %v), want all %d", len(full.LiveConsumers), full.LiveConsumersTruncated, consumers)
+	}
+	if len(message) > migrations.TerminationMessageLimit || !cut.LiveConsumersTruncated || len(cut.LiveConsumers) == 0 {
+		t.Fatalf("termination message: %d bytes, %d consumers, truncated %v; want within %d bytes, some consumers, flagged",
+			len(message), len(cut.LiveConsumers), cut.LiveConsumersTruncated, migrations.TerminationMessageLimit)
+	}
+}
+
+func TestMigrateCommandFailureStillWritesAReportWithTheError(t *testing.T) {
+	ctx := context.Background()
+	url, pool := migrateDatabase(t)
+	if _, err := migrations.Apply(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+migrations.LedgerTable+` SET checksum = 'edited' WHERE version = 1`); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "termination-log")
+	var stdout bytes.Buffer
+
+	err := migrateCommand(ctx, []string{"--database-url", url, "--termination-message-path", path}, &stdout)
+	if !errors.Is(err, migrations.ErrLedgerMismatch) {
+		t.Fatalf("migrate error = %v, want ErrLedgerMismatch", err)
+	}
+	if stdout.Len() != 0 {
+		t.Fatalf("text output on failure: %q, want none (the error goes to stderr)", stdout.String())
+	}
+	message, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var report migrations.Report
+	if err := json.Unmarshal(message, &report); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(report.Error, "0001_base.sql") || report.ClaimProtocol != inbox.ClaimProtocol || len(report.Applied) != 0 {
+		t.Fatalf("failure report = %+v, want the error naming 0001_base.sql, this build's protocol, nothing applied", report)
+	}
+}
+
+func TestMigrateTextOutputNamesVersionsProtocolAndConsumers(t *testing.T) {
+	var out bytes.Buffer
+	r := migrations.Report{SchemaVersion: 3, Applied: []int{2, 3}, ClaimProtocol: "insert-first-v1", EngineVersion: "v0.1.0",
+		LiveConsumers: []migrations.LiveConsumer{{InstanceID: "pod-a", ConsumerGroup: "orders", EngineVersion: "v0.0.9",
+			ClaimProtocol: "old-v0", HeartbeatAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}}}
+
+	if err := writeMigrateText(&out, r); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"schema version 3", "applied now: 2, 3", "pending: none", "claim protocol insert-first-v1",
+		"engine v0.1.0", "pod-a", "orders", "old-v0", "2026-01-02T03:04:05Z"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("text output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestMigrateCommandRejectsBadFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  string
+	}{
+		{"no database", []string{}, ""},
+		{"bad output", []string{"--database-url", "postgres://x", "--output", "yaml"}, ""},
+		{"zero live-within", []string{"--database-url", "postgres://x", "--live-within", "0s"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("SEQINBOX_DATABASE_URL", tt.env)
+			var out bytes.Buffer
+			if err := migrateCommand(context.Background(), tt.args, &out); err == nil {
+				t.Fatal("migrate accepted the flags")
+			}
+			if out.Len() != 0 {
+				t.Fatalf("wrote %q before rejecting the flags", out.String())
+			}
+		})
+	}
+}
+
+func TestMigrateCommandTakesTheDatabaseFromTheEnvironment(t *testing.T) {
+	url, _ := migrateDatabase(t)
+	t.Setenv("SEQINBOX_DATABASE_URL", url)
+	var stdout bytes.Buffer
+
+	if err := migrateCommand(context.Background(), []string{"--dry-run", "--output", "json"}, &stdout); err != nil {
+		t.Fatal(err)
+	}
+	var report migrations.Report
+	if err := json.Unmarshal(stdout.Bytes(), &report); err != nil {
+		t.Fatal(err)
+	}
+	if report.SchemaVersion != 0 || !slices.Equal(report.Pending, allVersions()) || len(report.Applied) != 0 {
+		t.Fatalf("dry run via SEQINBOX_DATABASE_URL = %+v, want an empty database with everything pending", report)
+	}
+}
