@@ -129,23 +129,28 @@ func writeTerminationMessage(path string, report migrations.Report) error {
 
 // writeMigrateText prints the report for a person.
 func writeMigrateText(w io.Writer, r migrations.Report) error {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	// Writes to memory cannot fail; the one write to w is checked below.
+	printf := func(format string, args ...any) { _, _ = fmt.Fprintf(tw, format, args...) }
 	applied := "applied now: " + versionList(r.Applied)
 	if r.DryRun {
 		applied = "dry run, nothing applied"
 	}
-	fmt.Fprintf(w, "schema version %d (%s; pending: %s)\n", r.SchemaVersion, applied, versionList(r.Pending))
-	fmt.Fprintf(w, "this build: engine %s, claim protocol %s\n", r.EngineVersion, r.ClaimProtocol)
+	printf("schema version %d (%s; pending: %s)\n", r.SchemaVersion, applied, versionList(r.Pending))
+	printf("this build: engine %s, claim protocol %s\n", r.EngineVersion, r.ClaimProtocol)
 	if len(r.LiveConsumers) == 0 {
-		_, err := fmt.Fprintln(w, "live consumers: none")
-		return err
+		printf("live consumers: none\n")
+	} else {
+		printf("live consumers (%d):\n", len(r.LiveConsumers))
+		printf("  INSTANCE\tGROUP\tENGINE\tCLAIM PROTOCOL\tLAST HEARTBEAT\n")
+		for _, c := range r.LiveConsumers {
+			printf("  %s\t%s\t%s\t%s\t%s\n", c.InstanceID, c.ConsumerGroup, c.EngineVersion, c.ClaimProtocol, c.HeartbeatAt.Format(time.RFC3339))
+		}
 	}
-	fmt.Fprintf(w, "live consumers (%d):\n", len(r.LiveConsumers))
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "  INSTANCE\tGROUP\tENGINE\tCLAIM PROTOCOL\tLAST HEARTBEAT")
-	for _, c := range r.LiveConsumers {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", c.InstanceID, c.ConsumerGroup, c.EngineVersion, c.ClaimProtocol, c.HeartbeatAt.Format(time.RFC3339))
-	}
-	return tw.Flush()
+	_ = tw.Flush()
+	_, err := io.WriteString(w, b.String())
+	return err
 }
 
 func versionList(vs []int) string {
