@@ -8,6 +8,11 @@
 // the same clock, so clock skew between consumer hosts never makes a consumer look live or dead.
 // The injected Clock only paces the loop and measures how long this consumer's own heartbeats
 // have been failing.
+//
+// The refusal is symmetric: both sides of a conflict report not ready, because a consumer that
+// registers and then checks is only guaranteed to see the consumers that registered before it,
+// not the reverse. The operator's rollout gate keeps versions from overlapping; the fence makes
+// an overlap safe, not productive.
 package fence
 
 import (
@@ -135,7 +140,10 @@ func New(pool *pgxpool.Pool, id Identity, cfg Config) (*Fence, error) {
 	if f.log.GetSink() == nil {
 		f.log = logr.Discard()
 	}
-	if f.interval < 0 || f.window <= f.interval {
+	if f.interval < 0 {
+		return nil, fmt.Errorf("fence: heartbeat interval %s must be positive", f.interval)
+	}
+	if f.window <= f.interval {
 		return nil, fmt.Errorf("fence: liveness window %s must exceed the heartbeat interval %s", f.window, f.interval)
 	}
 	return f, nil
