@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -60,6 +61,9 @@ type Options struct {
 	RetryBase, RetryMax time.Duration
 	// PollInterval is how often what no watch reports (Kafka group, registry, Secrets) is read again.
 	PollInterval time.Duration
+	// MaxConcurrentReconciles is how many inboxes are reconciled at once; default 4 (a pass
+	// mostly waits for the API server and Kafka).
+	MaxConcurrentReconciles int
 }
 
 // Reconciler reconciles SequentialInbox resources.
@@ -88,6 +92,9 @@ func NewReconciler(c client.Client, apiReader client.Reader, recorder events.Eve
 	}
 	if opts.PollInterval == 0 {
 		opts.PollInterval = 10 * time.Second
+	}
+	if opts.MaxConcurrentReconciles == 0 {
+		opts.MaxConcurrentReconciles = 4
 	}
 	return &Reconciler{Client: c, APIReader: apiReader, Recorder: recorder, Options: opts}
 }
@@ -118,6 +125,7 @@ func CacheOptions() cache.Options {
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("sequentialinbox").
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.MaxConcurrentReconciles}).
 		For(&v1alpha1.SequentialInbox{}, builder.WithPredicates(predicate.Or(
 			predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}, deletionStarted()))).
 		Owns(&appsv1.Deployment{}).

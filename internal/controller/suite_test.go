@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -29,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/controller/clustersim"
 	"github.com/seqinbox/seqinbox/internal/testenv"
 	"github.com/seqinbox/seqinbox/migrations"
 )
@@ -255,75 +255,14 @@ func reportOf(job *batchv1.Job, live ...migrations.LiveConsumer) migrations.Repo
 		EngineVersion: e.Version, LiveConsumers: live, DryRun: strings.Contains(strings.Join(job.Spec.Template.Spec.Containers[0].Args, " "), "--dry-run")}
 }
 
-// completeJob plays the Job controller and the kubelet for a successful run: the Job's pod ends
-// with exit code 0 and the report as its termination message, then the Job is Complete.
-func completeJob(ctx context.Context, c client.Client, job *batchv1.Job, report migrations.Report) error {
-	message, err := json.Marshal(report)
-	if err != nil {
-		return err
-	}
-	if err := finishJobPod(ctx, c, job, corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: string(message)}); err != nil {
-		return err
-	}
-	now := metav1.Now()
-	job.Status.StartTime = &now
-	job.Status.CompletionTime = &now
-	job.Status.Succeeded = 1
-	job.Status.Conditions = []batchv1.JobCondition{
-		{Type: batchv1.JobSuccessCriteriaMet, Status: corev1.ConditionTrue, Reason: "CompletionsReached", LastTransitionTime: now},
-		{Type: batchv1.JobComplete, Status: corev1.ConditionTrue, Reason: "CompletionsReached", LastTransitionTime: now},
-	}
-	return c.Status().Update(ctx, job)
-}
-
-// failJob plays the Job controller and the kubelet for a failed run.
-func failJob(ctx context.Context, c client.Client, job *batchv1.Job, message string) error {
-	if err := finishJobPod(ctx, c, job, corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: message}); err != nil {
-		return err
-	}
-	now := metav1.Now()
-	job.Status.StartTime = &now
-	job.Status.Failed = 1
-	job.Status.Conditions = []batchv1.JobCondition{
-		{Type: batchv1.JobFailureTarget, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded", Message: "Job has reached the specified backoff limit", LastTransitionTime: now},
-		{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded", Message: "Job has reached the specified backoff limit", LastTransitionTime: now},
-	}
-	return c.Status().Update(ctx, job)
-}
-
-func finishJobPod(ctx context.Context, c client.Client, job *batchv1.Job, state corev1.ContainerStateTerminated) error {
-	labels := map[string]string{jobNameLabel: job.Name, "job-name": job.Name}
-	for k, v := range job.Spec.Template.Labels {
-		labels[k] = v
-	}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: job.Name + "-x", Namespace: job.Namespace, Labels: labels},
-		Spec:       *job.Spec.Template.Spec.DeepCopy(),
-	}
-	if err := c.Create(ctx, pod); err != nil {
-		return fmt.Errorf("create pod of job %s: %w", job.Name, err)
-	}
-	pod.Status.Phase = corev1.PodSucceeded
-	if state.ExitCode != 0 {
-		pod.Status.Phase = corev1.PodFailed
-	}
-	state.StartedAt, state.FinishedAt = metav1.Now(), metav1.Now()
-	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: jobContainer, Image: job.Spec.Template.Spec.Containers[0].Image,
-		State: corev1.ContainerState{Terminated: &state}}}
-	if err := c.Status().Update(ctx, pod); err != nil {
-		return fmt.Errorf("set status of pod of job %s: %w", job.Name, err)
-	}
-	return nil
-}
-
 func (h *harness) completeJob(job *batchv1.Job, live ...migrations.LiveConsumer) {
 	h.t.Helper()
-	h.must(completeJob(h.ctx, k8s, job, reportOf(job, live...)))
+	h.must(clustersim.CompleteJob(h.ctx, k8s, job, reportOf(job, live...)))
 }
 
 func (h *harness) failJob(job *batchv1.Job, message string) {
 	h.t.Helper()
-	h.must(failJob(h.ctx, k8s, job, message))
+	h.must(clustersim.FailJob(h.ctx, k8s, job, message))
 }
 
 func (h *harness) deployment(name string) *appsv1.Deployment {
@@ -342,17 +281,9 @@ func (h *harness) noDeployment(name string) {
 	}
 }
 
-// rollOut plays the Deployment controller: every replica of the current template is available.
-func rollOut(ctx context.Context, c client.Client, d *appsv1.Deployment) error {
-	replicas := ptr.Deref(d.Spec.Replicas, 1)
-	d.Status = appsv1.DeploymentStatus{ObservedGeneration: d.Generation, Replicas: replicas, UpdatedReplicas: replicas,
-		ReadyReplicas: replicas, AvailableReplicas: replicas}
-	return c.Status().Update(ctx, d)
-}
-
 func (h *harness) rollOut(name string) {
 	h.t.Helper()
-	h.must(rollOut(h.ctx, k8s, h.deployment(name)))
+	h.must(clustersim.RollOut(h.ctx, k8s, h.deployment(name)))
 }
 
 // startConsumerPods plays the ReplicaSet controller: pods of the inbox's consumers exist.
