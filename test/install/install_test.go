@@ -268,4 +268,3 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
-
