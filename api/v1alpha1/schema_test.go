@@ -105,6 +105,16 @@ func TestAPIServerRejectsInvalidInboxes(t *testing.T) {
 		"context id from two places": {func(s *v1alpha1.SequentialInbox) {
 			s.Spec.Sequences[0].Messages[0].ContextID = &v1alpha1.FieldSource{Header: "h", Key: true}
 		}, "exactly one of header, jsonPointer or key"},
+		"dead letters read back": {func(s *v1alpha1.SequentialInbox) { s.Spec.DeadLetterTopic = "orders" }, "spec.deadLetterTopic must not be one of spec.kafka.topics"},
+		"retention under a minute": {func(s *v1alpha1.SequentialInbox) {
+			s.Spec.Sequences[0].Retention = metav1.Duration{Duration: 59e9}
+		}, "spec.sequences[0].retention"},
+		"sequence without messages": {func(s *v1alpha1.SequentialInbox) { s.Spec.Sequences[0].Messages = nil }, "spec.sequences[0].messages"},
+		"name too long for the Jobs": {func(s *v1alpha1.SequentialInbox) {
+			s.Name = "a-name-that-is-longer-than-forty-characters"
+		}, "at most 40 characters"},
+		"name that is no DNS label": {func(s *v1alpha1.SequentialInbox) { s.Name = "orders.v2" }, "must be a DNS label"},
+		"topic with a space":        {func(s *v1alpha1.SequentialInbox) { s.Spec.Kafka.Topics = []string{"my orders"} }, "spec.kafka.topics[0]"},
 	}
 	i := 0
 	for name, tc := range cases {
