@@ -212,7 +212,11 @@ func (r *Reconciler) createJob(ctx context.Context, s *scope, req jobRequest, na
 	if err := controllerutil.SetControllerReference(s.inbox, job, r.Client.Scheme()); err != nil {
 		return fmt.Errorf("own job %s: %w", name, err)
 	}
-	if err := r.Client.Create(ctx, job); err != nil && !apierrors.IsAlreadyExists(err) {
+	err := r.Client.Create(ctx, job)
+	if apierrors.IsAlreadyExists(err) { // created by a pass whose write the cache has not shown yet
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("create job %s: %w", name, err)
 	}
 	r.event(s.inbox, corev1.EventTypeNormal, "JobCreated", "RunJob", "Created Job %s: seqinbox %s (attempt %d) from %s",

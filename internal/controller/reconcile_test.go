@@ -313,6 +313,13 @@ func TestCompatibleUpgradeMigratesAndRollsWithoutStoppingTheConsumers(t *testing
 		t.Errorf("deployment = %d × %s (%s), want 2 × %s", *d.Spec.Replicas, d.Spec.Template.Spec.Containers[0].Image,
 			d.Spec.Template.Annotations[annotationEngineVersion], imageV1Patch)
 	}
+	h.rollOut("orders")
+	h.reconcile("orders")
+	var cms corev1.ConfigMapList
+	h.must(k8s.List(h.ctx, &cms, client.InNamespace(h.ns), client.MatchingLabels{labelInstance: "orders"}))
+	if current := h.get("orders").Status.ConfigHash; len(cms.Items) != 1 || cms.Items[0].Annotations[annotationConfigHash] != current {
+		t.Errorf("after the rollout %d rendered ConfigMaps remain, want only the current one", len(cms.Items))
+	}
 	// One change of the Deployment: the new template. Scaling to 0 and back would be two more.
 	if d.Generation != generationBefore+1 {
 		t.Errorf("deployment generation %d → %d: a compatible upgrade must only roll the template", generationBefore, d.Generation)

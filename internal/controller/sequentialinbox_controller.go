@@ -1,8 +1,3 @@
-// Package controller reconciles SequentialInbox resources (SPEC §8): it validates the
-// declaration, renders the engine configuration, learns what the target image speaks, gates
-// rollouts between claim protocols, migrates the schema with a Job, and runs the consumers. It
-// never talks SQL itself: the database is reached only through `seqinbox migrate` Jobs from the
-// target image, whose reports it reads back from the Jobs' termination messages.
 package controller
 
 import (
