@@ -19,6 +19,7 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -188,6 +189,16 @@ func TestInstallBundleIsAcceptedAndItsRBACRunsTheOperator(t *testing.T) {
 	eventually(t, "the inbox is Ready", func() (bool, error) {
 		err := admin.Get(t.Context(), client.ObjectKeyFromObject(in), in)
 		return meta.IsStatusConditionTrue(in.Status.Conditions, v1alpha1.ConditionReady), err
+	})
+	eventually(t, "the operator's Events are recorded", func() (bool, error) {
+		var events eventsv1.EventList
+		err := admin.List(t.Context(), &events, client.InNamespace("shop"))
+		for _, e := range events.Items {
+			if e.Regarding.Name == "orders" && e.ReportingController == "seqinbox-operator" && e.Reason == "ConsumersReady" {
+				return true, nil
+			}
+		}
+		return false, err
 	})
 	must(t, admin.Delete(t.Context(), in))
 	eventually(t, "the inbox is deleted", func() (bool, error) {
