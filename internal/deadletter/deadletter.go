@@ -1,0 +1,183 @@
+// Package deadletter moves records the consumer cannot process to the dead-letter topic, with
+// headers that say why (SPEC §4), and moves them back to their original topic on request (the
+// `seqinbox deadletters retry` command), where the engine processes them as new deliveries.
+package deadletter
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/seqinbox/seqinbox/internal/inbox"
+)
+
+// Headers added to a dead letter; the original record's headers come first, unchanged.
+const (
+	// HeaderPrefix starts every header this package adds; Retry strips them again.
+	HeaderPrefix            = "seqinbox-dlq-"
+	HeaderReason            = HeaderPrefix + "reason"
+	HeaderMessage           = HeaderPrefix + "message"
+	HeaderOriginalTopic     = HeaderPrefix + "original-topic"
+	HeaderOriginalPartition = HeaderPrefix + "original-partition"
+	HeaderOriginalOffset    = HeaderPrefix + "original-offset"
+	HeaderSequence          = HeaderPrefix + "sequence"
+	HeaderContextID         = HeaderPrefix + "context-id"
+	HeaderFailedAt          = HeaderPrefix + "failed-at"
+)
+
+// Reasons besides the decode error classes (decode.Class*), which are reasons as they are.
+const (
+	// ReasonListenerFailed: the sink failed the record after its retries (the message is FAILED).
+	ReasonListenerFailed = "ListenerFailed"
+	// ReasonReleaseFailed: a buffered message failed when its release came.
+	ReasonReleaseFailed = "ReleaseFailed"
+	// ReasonSequenceDeleted: housekeeping deleted the instance while the message was WAITING.
+	ReasonSequenceDeleted = "SequenceDeleted"
+	// ReasonActionFailed: an operator action could not deliver the message.
+	ReasonActionFailed = "ActionFailed"
+)
+
+// Letter is one record on its way to the dead-letter topic.
+type Letter struct {
+	// Key, Value and Headers are the record as it was read (or buffered), byte for byte.
+	Key, Value []byte
+	Headers    []inbox.Header
+	// Origin is where the record was read from.
+	Origin inbox.Origin
+	// Reason is a CamelCase class (a decode.Class* or a Reason* constant), Message a sentence.
+	Reason, Message string
+	// Sequence and ContextID are set when known.
+	Sequence, ContextID string
+}
+
+// FromRecord builds the letter of a decoded (or buffered) record.
+func FromRecord(rec inbox.Record, reason string, err error) Letter {
+	return Letter{Key: rec.Key, Value: rec.Value, Headers: rec.Headers, Origin: rec.Origin, Reason: reason, Message: errText(err)}
+}
+
+// FromKafka builds the letter of a record exactly as it was fetched.
+func FromKafka(r *kgo.Record, reason string, err error) Letter {
+	hs := make([]inbox.Header, len(r.Headers))
+	for i, h := range r.Headers {
+		hs[i] = inbox.Header{Key: h.Key, Value: h.Value}
+	}
+	return Letter{
+		Key: r.Key, Value: r.Value, Headers: hs, Reason: reason, Message: errText(err),
+		Origin: inbox.Origin{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset},
+	}
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// Clock tells the time of the failed-at header.
+type Clock interface {
+	Now() time.Time
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+// Publisher produces letters to the dead-letter topic. It is the engine's inbox.DeadLetterer too.
+type Publisher struct {
+	client  *kgo.Client
+	topic   string
+	clock   Clock
+	metrics *Metrics
+}
+
+// NewPublisher publishes to topic through client (which may be the consumer's own client).
+// clock nil is the wall clock; m nil counts nothing anybody reads.
+func NewPublisher(client *kgo.Client, topic string, clock Clock, m *Metrics) *Publisher {
+	if clock == nil {
+		clock = wallClock{}
+	}
+	if m == nil {
+		m = NewMetrics()
+	}
+	return &Publisher{client: client, topic: topic, clock: clock, metrics: m}
+}
+
+// Topic is where letters go.
+func (p *Publisher) Topic() string { return p.topic }
+
+// Publish produces one letter and waits until the broker acknowledged it. An error means the
+// letter is not stored: the caller must not commit the original record's offset.
+func (p *Publisher) Publish(ctx context.Context, l Letter) error {
+	rec := p.Record(l)
+	if err := p.client.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		return fmt.Errorf("dead-letter %s/%d@%d (%s) to %s: %w", l.Origin.Topic, l.Origin.Partition, l.Origin.Offset, l.Reason, p.topic, err)
+	}
+	p.metrics.letters.WithLabelValues(l.Reason).Inc()
+	return nil
+}
+
+// Record renders a letter as the dead-letter record: the original key, value and headers (minus
+// the dead-letter headers of an earlier failure) plus this failure's headers.
+func (p *Publisher) Record(l Letter) *kgo.Record {
+	headers := make([]kgo.RecordHeader, 0, len(l.Headers)+8)
+	for _, h := range l.Headers {
+		if !strings.HasPrefix(h.Key, HeaderPrefix) {
+			headers = append(headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+		}
+	}
+	add := func(k, v string) { headers = append(headers, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
+	add(HeaderReason, l.Reason)
+	add(HeaderMessage, l.Message)
+	add(HeaderOriginalTopic, l.Origin.Topic)
+	add(HeaderOriginalPartition, strconv.Itoa(int(l.Origin.Partition)))
+	add(HeaderOriginalOffset, strconv.FormatInt(l.Origin.Offset, 10))
+	if l.Sequence != "" {
+		add(HeaderSequence, l.Sequence)
+	}
+	if l.ContextID != "" {
+		add(HeaderContextID, l.ContextID)
+	}
+	add(HeaderFailedAt, p.clock.Now().UTC().Format(time.RFC3339Nano))
+	return &kgo.Record{Topic: p.topic, Key: l.Key, Value: l.Value, Headers: headers}
+}
+
+// DeadLetter implements inbox.DeadLetterer for the messages the engine gives up on outside a
+// record's processing (housekeeping, operator actions).
+func (p *Publisher) DeadLetter(ctx context.Context, m inbox.Message, reason string) error {
+	return p.Publish(ctx, engineLetter(m, reason))
+}
+
+// engineLetter turns the engine's reason sentence into a reason class; the sentence becomes the
+// message.
+func engineLetter(m inbox.Message, reason string) Letter {
+	class := ReasonActionFailed
+	if reason == inbox.DeadLetterReasonSequenceDeleted {
+		class = ReasonSequenceDeleted
+	}
+	return Letter{
+		Key: m.Record.Key, Value: m.Record.Value, Headers: m.Record.Headers, Origin: m.Record.Origin,
+		Reason: class, Message: reason, Sequence: m.Sequence, ContextID: m.ContextID,
+	}
+}
+
+// Metrics count dead letters.
+type Metrics struct {
+	letters *prometheus.CounterVec
+}
+
+// NewMetrics builds unregistered collectors; the consumer registers Collectors().
+func NewMetrics() *Metrics {
+	return &Metrics{letters: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "seqinbox_dead_letters_total",
+		Help: "Records produced to the dead-letter topic, by reason.",
+	}, []string{"reason"})}
+}
+
+// Collectors returns every collector, for the consumer to register.
+func (m *Metrics) Collectors() []prometheus.Collector { return []prometheus.Collector{m.letters} }
