@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/seqinbox/seqinbox/migrations"
@@ -110,6 +111,9 @@ func RollOut(ctx context.Context, c client.Client, d *appsv1.Deployment) error {
 	return nil
 }
 
+// workers is how many Jobs and Deployments each stand-in handles at once, like the real controllers.
+const workers = 4
+
 // retrySoon is how soon a stand-in tries again after losing a race with the operator.
 const retrySoon = 100 * time.Millisecond
 
@@ -139,10 +143,12 @@ func Start(mgr ctrl.Manager, writer client.Client, report func(*batchv1.Job) mig
 		}
 		return retryRaces(RollOut(ctx, writer, &d))
 	})
-	if err := ctrl.NewControllerManagedBy(mgr).Named("clustersim-jobs").For(&batchv1.Job{}).Complete(jobs); err != nil {
+	if err := ctrl.NewControllerManagedBy(mgr).Named("clustersim-jobs").For(&batchv1.Job{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).Complete(jobs); err != nil {
 		return fmt.Errorf("job stand-in: %w", err)
 	}
-	if err := ctrl.NewControllerManagedBy(mgr).Named("clustersim-deployments").For(&appsv1.Deployment{}).Complete(deployments); err != nil {
+	if err := ctrl.NewControllerManagedBy(mgr).Named("clustersim-deployments").For(&appsv1.Deployment{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).Complete(deployments); err != nil {
 		return fmt.Errorf("deployment stand-in: %w", err)
 	}
 	return nil
