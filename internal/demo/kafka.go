@@ -10,6 +10,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/seqinbox/seqinbox/internal/deadletter"
 )
 
 // Topic is a topic the embedded broker creates at start.
@@ -90,12 +92,11 @@ type DeadLetter struct {
 	ID, Type string
 	// Reason and Message are the seqinbox-dlq-reason and seqinbox-dlq-message headers.
 	Reason, Message string
+	// Origin is where the consumer read the record: topic[partition]@offset.
+	Origin string
 	// Headers are all seqinbox-dlq-* headers, by name.
 	Headers map[string]string
 }
-
-// DeadLetterHeaderPrefix starts the headers the consumer adds to a dead letter (SPEC §4).
-const DeadLetterHeaderPrefix = "seqinbox-dlq-"
 
 // ReadDeadLetters reads the whole dead-letter topic, from its start to its current end.
 func ReadDeadLetters(ctx context.Context, seeds []string, topic string) ([]DeadLetter, error) {
@@ -159,11 +160,14 @@ func deadLetterOf(r *kgo.Record) DeadLetter {
 			dl.ID = string(h.Value)
 		case h.Key == "ce_type":
 			dl.Type = string(h.Value)
-		case strings.HasPrefix(h.Key, DeadLetterHeaderPrefix):
+		case strings.HasPrefix(h.Key, deadletter.HeaderPrefix):
 			dl.Headers[h.Key] = string(h.Value)
 		}
 	}
-	dl.Reason = dl.Headers[DeadLetterHeaderPrefix+"reason"]
-	dl.Message = dl.Headers[DeadLetterHeaderPrefix+"message"]
+	dl.Reason = dl.Headers[deadletter.HeaderReason]
+	dl.Message = dl.Headers[deadletter.HeaderMessage]
+	if topic := dl.Headers[deadletter.HeaderOriginalTopic]; topic != "" {
+		dl.Origin = fmt.Sprintf("%s[%s]@%s", topic, dl.Headers[deadletter.HeaderOriginalPartition], dl.Headers[deadletter.HeaderOriginalOffset])
+	}
 	return dl
 }

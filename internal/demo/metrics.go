@@ -20,17 +20,25 @@ type Counter struct {
 	Labels map[string]string
 }
 
-// engineCounters are the rows of the report's claim-engine table (the metrics of SPEC §6 that
-// internal/inbox exposes).
+// engineCounters are the rows of the report's claim-engine table: what became of the records
+// (internal/consumer), and the claim engine's and the sink client's own counters (SPEC §6).
 func engineCounters() []Counter {
+	outcome := func(label, o string) Counter {
+		return Counter{Label: label, Metric: "seqinbox_records_total", Labels: map[string]string{"outcome": o}}
+	}
 	return []Counter{
-		{Label: "claims won (delivery processes the message)", Metric: "seqinbox_claims_total", Labels: map[string]string{"result": "won"}},
-		{Label: "claims lost (duplicate skipped)", Metric: "seqinbox_claims_total", Labels: map[string]string{"result": "lost"}},
-		{Label: "buffered (waiting for predecessors)", Metric: "seqinbox_messages_buffered_total"},
-		{Label: "released from the buffer", Metric: "seqinbox_message_waiting_seconds"},
-		{Label: "accepted by the sink", Metric: "seqinbox_messages_consumed_total"},
+		{Label: "records read", Metric: "seqinbox_records_total"},
+		outcome("  delivered at once (claim won, condition held)", "Delivered"),
+		outcome("  buffered (claim won, waiting for predecessors)", "Buffered"),
+		outcome("  skipped as duplicates", "Duplicate"),
+		outcome("  delivered without sequencing (filtered)", "Bypassed"),
+		outcome("  dead-lettered", "DeadLettered"),
+		{Label: "released from the buffer later", Metric: "seqinbox_message_waiting_seconds"},
+		{Label: "claims won", Metric: "seqinbox_claims_total", Labels: map[string]string{"result": "won"}},
+		{Label: "claims lost (another delivery held the claim)", Metric: "seqinbox_claims_total", Labels: map[string]string{"result": "lost"}},
+		{Label: "sink calls accepted", Metric: "seqinbox_messages_consumed_total"},
 		{Label: "sink attempts retried", Metric: "seqinbox_sink_retries_total"},
-		{Label: "listener failures (after all retries)", Metric: "seqinbox_listener_failures_total"},
+		{Label: "sink calls failed after all retries", Metric: "seqinbox_listener_failures_total"},
 	}
 }
 

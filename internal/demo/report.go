@@ -157,11 +157,11 @@ func (r *Report) writeEngine(b *strings.Builder) {
 // writeDeadLetters lists the dead-letter topic, one line per distinct record and reason.
 func (r *Report) writeDeadLetters(b *strings.Builder) {
 	fmt.Fprintf(b, "\nDead-letter topic %s: %d records\n", r.DeadLetterTopic, len(r.DeadLetters))
-	type key struct{ id, typ, reason, message string }
+	type key struct{ id, typ, reason, message, origin string }
 	var keys []key
 	count := map[key]int{}
 	for _, dl := range r.DeadLetters {
-		k := key{dl.ID, dl.Type, dl.Reason, dl.Message}
+		k := key{dl.ID, dl.Type, dl.Reason, dl.Message, dl.Origin}
 		if count[k] == 0 {
 			keys = append(keys, k)
 		}
@@ -172,7 +172,7 @@ func (r *Report) writeDeadLetters(b *strings.Builder) {
 		if p := poisonByID(r.Scenario, k.id); p != nil {
 			why = " — " + p.Why
 		}
-		fmt.Fprintf(b, "  %s %s ×%d%s\n      %s: %s\n", k.typ, k.id, count[k], why, k.reason, k.message)
+		fmt.Fprintf(b, "  %s %s from %s ×%d%s\n      %s: %s\n", k.typ, k.id, k.origin, count[k], why, k.reason, k.message)
 	}
 }
 

@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -53,10 +54,11 @@ func inOrder(t *testing.T, set *sequence.Set, sc *Scenario, groups int) ([]Deliv
 		}
 	}
 	var dead []DeadLetter
-	for _, s := range sc.Sends {
+	for i, s := range sc.Sends {
 		if s.Poison != nil {
 			for range groups {
-				dead = append(dead, DeadLetter{ID: s.Poison.ID, Type: typeOf(s.Poison), Reason: "InvalidJSON"})
+				dead = append(dead, DeadLetter{ID: s.Poison.ID, Type: typeOf(s.Poison), Reason: "InvalidJSON",
+					Origin: fmt.Sprintf("%s[%d]@%d", sc.Topic, s.Partition, i)})
 			}
 		}
 	}
