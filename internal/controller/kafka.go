@@ -65,7 +65,15 @@ func (k KafkaGroups) GroupMembers(ctx context.Context, conn KafkaConnection, gro
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
 
+	// A group converted to KIP-848 may list a member through both APIs: each is named once.
 	var members []string
+	seen := map[string]bool{}
+	add := func(id, clientID, host string) {
+		if !seen[id] {
+			seen[id] = true
+			members = append(members, describeMember(id, clientID, host))
+		}
+	}
 	classic, err := adm.DescribeGroups(ctx, group)
 	if err != nil {
 		return nil, fmt.Errorf("describe group %s: %w", group, err)
@@ -75,7 +83,7 @@ func (k KafkaGroups) GroupMembers(ctx context.Context, conn KafkaConnection, gro
 			return nil, fmt.Errorf("describe group %s: %w", group, g.Err)
 		}
 		for _, m := range g.Members {
-			members = append(members, describeMember(m.MemberID, m.ClientID, m.ClientHost))
+			add(m.MemberID, m.ClientID, m.ClientHost)
 		}
 	}
 	supported, err := supportsConsumerGroups(ctx, adm)
@@ -91,7 +99,7 @@ func (k KafkaGroups) GroupMembers(ctx context.Context, conn KafkaConnection, gro
 			return nil, fmt.Errorf("describe consumer group %s: %w", group, g.Err)
 		}
 		for _, m := range g.Members {
-			members = append(members, describeMember(m.MemberID, m.ClientID, m.ClientHost))
+			add(m.MemberID, m.ClientID, m.ClientHost)
 		}
 	}
 	return members, nil

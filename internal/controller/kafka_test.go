@@ -12,9 +12,10 @@ import (
 )
 
 // joinGroup starts a real franz-go group member and waits until the group lists it.
-func joinGroup(t *testing.T, seeds []string, group, clientID string) *kgo.Client {
+func joinGroup(t *testing.T, seeds []string, group, clientID string, opts ...kgo.Opt) *kgo.Client {
 	t.Helper()
-	member, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.ConsumerGroup(group), kgo.ConsumeTopics("orders"), kgo.ClientID(clientID))
+	opts = append([]kgo.Opt{kgo.SeedBrokers(seeds...), kgo.ConsumerGroup(group), kgo.ConsumeTopics("orders"), kgo.ClientID(clientID)}, opts...)
+	member, err := kgo.NewClient(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,6 +61,18 @@ func TestKafkaGroupsListsAMemberUntilItLeaves(t *testing.T) {
 		t.Errorf("member %q does not name its client and host", members[0])
 	}
 	member.Close() // leaves the group
+	waitForMembers(t, seeds, "orders", func(m []string) bool { return len(m) == 0 })
+}
+
+func TestKafkaGroupsListsAMemberOfANextGenerationGroup(t *testing.T) {
+	seeds := testenv.Kafka(t, 1, "orders")
+	member := joinGroup(t, seeds, "orders", "kip848-consumer",
+		kgo.ServerSideBalancer(), kgo.Balancers(kgo.RangeBalancer()))
+	members := waitForMembers(t, seeds, "orders", func(m []string) bool { return len(m) == 1 })
+	if !strings.Contains(members[0], "client kip848-consumer") {
+		t.Errorf("member %q is not the KIP-848 consumer", members[0])
+	}
+	member.Close()
 	waitForMembers(t, seeds, "orders", func(m []string) bool { return len(m) == 0 })
 }
 
