@@ -25,16 +25,22 @@ const (
 
 // claimSQL is T1's first statement (SPEC §3.4). Against an in-flight claim of the same key it
 // waits inside PostgreSQL until that transaction ends: 0 rows after a commit, 1 after a rollback.
+// RETURNING sets T1's lease (idle_in_transaction_session_timeout, for this transaction only) in
+// the same statement, and only for a won claim: a loser's T1 ends at once.
 const claimSQL = `INSERT INTO sequential_inbox_idempotence (message_type, idempotence_id, sequence_instance_id, created_at)
 VALUES ($1, $2, $3, now())
-ON CONFLICT (message_type, idempotence_id) DO NOTHING`
+ON CONFLICT (message_type, idempotence_id) DO NOTHING
+RETURNING set_config('idle_in_transaction_session_timeout', $4, true)`
 
 // setIdleTimeoutSQL bounds the idle time of the current transaction only (is_local = true).
 const setIdleTimeoutSQL = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
 
 // lookupMessageSQL finds the stored state of a logical message. Databases may hold historical
 // duplicates (no unique constraint, SPEC §2), so it picks the most advanced state
-// deterministically: PROCESSED before WAITING before FAILED, then the newest row.
+// deterministically: PROCESSED before WAITING before FAILED, then the newest row. It must be a
+// statement of its own after the claim insert: at READ COMMITTED each statement reads a new
+// snapshot, and only one taken after the insert returned sees the state that a winner, for whom
+// the insert waited, committed before it ended.
 const lookupMessageSQL = `SELECT id, state FROM sequenced_message
 WHERE idempotence_id = $2 AND message_type = $1
 ORDER BY CASE state WHEN 'PROCESSED' THEN 0 WHEN 'WAITING' THEN 1 ELSE 2 END, id DESC
@@ -83,7 +89,9 @@ type claim struct {
 // claim is held. It returns the instance state read after the outcome was committed, which
 // decides whether T2 is needed.
 func (e *Engine) claimAndProcess(ctx context.Context, conn *pgxpool.Conn, instanceID int64, mt *sequence.MessageType, msg Message) (Result, instanceState, error) {
-	c, err := e.claim(ctx, conn, instanceID, msg)
+	// The processed types matter only for a condition to evaluate.
+	evaluate := mt.Condition != nil && !e.recording()
+	c, err := e.claim(ctx, conn, instanceID, msg, evaluate)
 	if err != nil {
 		endQuietly(conn, rollbackSQL)
 		return Result{}, instanceState{}, err
@@ -102,7 +110,7 @@ func (e *Engine) claimAndProcess(ctx context.Context, conn *pgxpool.Conn, instan
 		// duplicates lose at the claim insert.
 		e.metrics.claims.WithLabelValues("won").Inc()
 		res.Outcome = Duplicate
-	case !e.recording() && mt.Condition != nil && !mt.Condition.Holds(c.state.processed):
+	case evaluate && !mt.Condition.Holds(c.state.processed):
 		e.metrics.claims.WithLabelValues("won").Inc()
 		res.Outcome = Buffered
 		err = bufferUnderClaim(ctx, conn, instanceID, c.existing, msg)
@@ -124,18 +132,20 @@ func (e *Engine) claimAndProcess(ctx context.Context, conn *pgxpool.Conn, instan
 	return res, after, nil
 }
 
-// claim begins T1 and runs, in one round trip, the claim insert (first statement), the lease,
-// the lookup of a stored state and the read of the processed types.
-func (e *Engine) claim(ctx context.Context, conn *pgxpool.Conn, instanceID int64, msg Message) (claim, error) {
+// claim begins T1 and runs, in one round trip, the claim insert (first statement, which also
+// sets the lease), the lookup of a stored state and, when the release condition must be
+// evaluated, the read of the processed types.
+func (e *Engine) claim(ctx context.Context, conn *pgxpool.Conn, instanceID int64, msg Message, needState bool) (claim, error) {
 	typ, id := msg.QualifiedType, msg.Record.IdempotenceID
 	b := &pgx.Batch{}
 	b.Queue(beginReadCommittedSQL)
-	b.Queue(claimSQL, typ, id, instanceID)
-	b.Queue(setIdleTimeoutSQL, millis(e.claimLease))
+	b.Queue(claimSQL, typ, id, instanceID, millis(e.claimLease))
 	b.Queue(lookupMessageSQL, typ, id)
-	b.Queue(instanceStateSQL, instanceID)
+	if needState {
+		b.Queue(instanceStateSQL, instanceID)
+	}
 	br := conn.SendBatch(ctx, b)
-	c, err := readClaim(br)
+	c, err := readClaim(br, needState)
 	if closeErr := br.Close(); err == nil {
 		err = closeErr
 	}
@@ -153,7 +163,7 @@ func (e *Engine) claim(ctx context.Context, conn *pgxpool.Conn, instanceID int64
 // foreignKeyViolation is SQLSTATE 23503.
 const foreignKeyViolation = "23503"
 
-func readClaim(br pgx.BatchResults) (claim, error) {
+func readClaim(br pgx.BatchResults, needState bool) (claim, error) {
 	var c claim
 	if _, err := br.Exec(); err != nil {
 		return c, fmt.Errorf("begin: %w", err)
@@ -163,15 +173,15 @@ func readClaim(br pgx.BatchResults) (claim, error) {
 		return c, fmt.Errorf("insert claim: %w", err)
 	}
 	c.won = tag.RowsAffected() == 1
-	if _, err := br.Exec(); err != nil {
-		return c, fmt.Errorf("set claim lease: %w", err)
-	}
 	err = br.QueryRow().Scan(&c.existing.id, &c.existing.state)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return c, fmt.Errorf("look up stored message: %w", err)
 	}
-	if c.state, err = scanInstanceState(br.QueryRow()); err != nil {
-		return c, fmt.Errorf("read instance: %w", err)
+	c.state = instanceState{processed: map[string]bool{}}
+	if needState {
+		if c.state, err = scanInstanceState(br.QueryRow()); err != nil {
+			return c, fmt.Errorf("read instance: %w", err)
+		}
 	}
 	return c, nil
 }

@@ -69,6 +69,9 @@ type Config struct {
 // after the listener returned and the network between engine and server.
 const leaseMargin = 5 * time.Second
 
+// instanceCacheSize bounds the instance id cache (about 100 bytes an entry).
+const instanceCacheSize = 10000
+
 // maxInstanceAttempts bounds the retries when housekeeping deletes an instance between its
 // lookup and the claim insert.
 const maxInstanceAttempts = 3
@@ -147,6 +150,8 @@ type Engine struct {
 	clock    Clock
 	log      logr.Logger
 	metrics  *Metrics
+	// instances caches instance ids by (sequence, context ID).
+	instances *instanceCache
 	// claimLease is T1's idle_in_transaction_session_timeout, lockLease T2's.
 	claimLease, lockLease time.Duration
 }
@@ -181,6 +186,7 @@ func New(pool *pgxpool.Pool, set *sequence.Set, l Listener, cfg Config, m *Metri
 	}
 	e := &Engine{
 		pool: pool, set: set, listener: l, cfg: cfg, clock: cfg.Clock, log: cfg.Log, metrics: m,
+		instances:  newInstanceCache(instanceCacheSize),
 		claimLease: cfg.ListenerDeadline + leaseMargin,
 		lockLease:  max(cfg.IdleLockTimeout, cfg.ListenerDeadline+leaseMargin),
 	}
@@ -226,6 +232,7 @@ func (e *Engine) Process(ctx context.Context, rec Record) (Result, error) {
 		}
 		res, after, err = e.claimAndProcess(ctx, conn, instanceID, mt, msg)
 		if errors.Is(err, errInstanceGone) && attempt < maxInstanceAttempts {
+			e.instances.evict(instanceKey{mt.Sequence.Name, rec.ContextID})
 			continue
 		}
 		if err != nil {

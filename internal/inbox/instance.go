@@ -1,9 +1,11 @@
 package inbox
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 
@@ -23,14 +25,21 @@ RETURNING id`
 
 // getOrCreateInstance returns the id of the instance of (sequence, contextID), creating it in its
 // own single-statement transaction (SPEC §3.3). It runs outside T1 so that the new instance row is
-// committed before any claim references it and no claim holder blocks other creators.
+// committed before any claim references it and no claim holder blocks other creators. Known ids
+// come from the cache; a cached id whose instance housekeeping deleted fails the claim insert's
+// foreign key, and Process evicts it and asks again.
 func (e *Engine) getOrCreateInstance(ctx context.Context, q querier, seq *sequence.Sequence, contextID string) (int64, error) {
+	key := instanceKey{seq.Name, contextID}
+	if id, ok := e.instances.get(key); ok {
+		return id, nil
+	}
 	// Two rounds suffice unless housekeeping deletes the winner's row between its insert and our
 	// re-read; a third covers that, a fourth would mean something is badly wrong.
 	for range maxInstanceAttempts + 1 {
 		var id int64
 		err := q.QueryRow(ctx, selectInstanceSQL, seq.Name, contextID).Scan(&id)
 		if err == nil {
+			e.instances.put(key, id)
 			return id, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
@@ -39,6 +48,7 @@ func (e *Engine) getOrCreateInstance(ctx context.Context, q querier, seq *sequen
 		retainUntil := e.clock.Now().Add(seq.Retention)
 		err = q.QueryRow(ctx, insertInstanceSQL, seq.Name, contextID, retainUntil).Scan(&id)
 		if err == nil {
+			e.instances.put(key, id)
 			return id, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
@@ -46,6 +56,64 @@ func (e *Engine) getOrCreateInstance(ctx context.Context, q querier, seq *sequen
 		}
 	}
 	return 0, fmt.Errorf("instance %s/%s: created and deleted concurrently %d times", seq.Name, contextID, maxInstanceAttempts+1)
+}
+
+// instanceKey identifies an instance.
+type instanceKey struct{ sequence, contextID string }
+
+// instanceCache remembers the ids of recently used instances (least recently used out), which
+// saves the lookup round trip for every further message of an instance.
+type instanceCache struct {
+	mu      sync.Mutex
+	size    int
+	order   *list.List // of instanceCacheEntry, most recent first
+	entries map[instanceKey]*list.Element
+}
+
+type instanceCacheEntry struct {
+	key instanceKey
+	id  int64
+}
+
+func newInstanceCache(size int) *instanceCache {
+	return &instanceCache{size: size, order: list.New(), entries: make(map[instanceKey]*list.Element, size)}
+}
+
+func (c *instanceCache) get(k instanceKey) (int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	el, ok := c.entries[k]
+	if !ok {
+		return 0, false
+	}
+	c.order.MoveToFront(el)
+	return el.Value.(instanceCacheEntry).id, true
+}
+
+func (c *instanceCache) put(k instanceKey, id int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.entries[k]; ok {
+		el.Value = instanceCacheEntry{k, id}
+		c.order.MoveToFront(el)
+		return
+	}
+	c.entries[k] = c.order.PushFront(instanceCacheEntry{k, id})
+	if c.order.Len() > c.size {
+		oldest := c.order.Back()
+		c.order.Remove(oldest)
+		delete(c.entries, oldest.Value.(instanceCacheEntry).key)
+	}
+}
+
+// evict forgets an instance whose id turned out stale.
+func (c *instanceCache) evict(k instanceKey) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.entries[k]; ok {
+		c.order.Remove(el)
+		delete(c.entries, k)
+	}
 }
 
 // instanceStateSQL reads what decides whether and what to release: the instance's state, the
