@@ -18,6 +18,6 @@ const (
 	ConditionDegraded = "Degraded"
 )
 
-// ApproveRolloutAnnotation, set to the target engine version, lets a Supervised rollout stop the
-// running consumers of another claim protocol.
+// ApproveRolloutAnnotation is the annotation that, set to the target engine version, lets a
+// Supervised rollout stop the running consumers of another claim protocol.
 const ApproveRolloutAnnotation = "inbox.seqinbox.dev/approve-rollout"

@@ -464,7 +464,3 @@ type SequentialInboxList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []SequentialInbox `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&SequentialInbox{}, &SequentialInboxList{})
-}
