@@ -31,7 +31,7 @@ help: ## Show the targets.
 
 .PHONY: manifests
 manifests: ## Generate the CRD and RBAC manifests from the API types and markers.
-	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./..." output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./api/...;./internal/controller/..." output:crd:artifacts:config=config/crd/bases
 
 .PHONY: generate
 generate: ## Generate the DeepCopy methods of the API types.
@@ -93,6 +93,6 @@ docker-build: ## Build the container image with Docker (needs a Docker engine).
 .PHONY: build-installer
 build-installer: manifests generate ## Write dist/install.yaml: CRDs, RBAC and the operator Deployment.
 	mkdir -p dist
-	cd config/manager && $(KUSTOMIZE) edit set image controller=$(IMG)
+	cd config/manager && go tool -modfile=../../hack/tools/go.mod kustomize edit set image seqinbox=$(IMG)
 	$(KUSTOMIZE) build config/default > dist/install.yaml
 	@echo "wrote dist/install.yaml"
