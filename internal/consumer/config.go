@@ -1,0 +1,203 @@
+package consumer
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/fence"
+	"github.com/seqinbox/seqinbox/internal/inbox"
+)
+
+// Config is what one consumer runs: the SequentialInbox (with its CRD defaults applied, as
+// manifest.Load returns it) and what the cluster would provide from Secrets.
+type Config struct {
+	// Inbox is the SequentialInbox this consumer runs.
+	Inbox *v1alpha1.SequentialInbox
+	// DatabaseURL is the PostgreSQL connection URL (the Secret spec.database.urlSecretRef names).
+	DatabaseURL string
+	// Kafka holds the broker addresses and credentials that override or complete spec.kafka.
+	Kafka Kafka
+	// InstanceID names this consumer in the registry and the logs; unique per running consumer.
+	InstanceID string
+	// HealthAddr serves /healthz and /readyz, MetricsAddr serves /metrics; empty serves nothing
+	// (Handler serves all three for in-process use).
+	HealthAddr, MetricsAddr string
+	// Fence tunes the registry heartbeat; zero fields take the fence defaults. Its Clock is
+	// replaced by Clock.
+	Fence fence.Config
+	// ActionsInterval is how often pending operator actions are run; zero means 2s.
+	ActionsInterval time.Duration
+	// CommitInterval is how often processed offsets are committed between rebalances; zero means 1s.
+	CommitInterval time.Duration
+	// Clock paces heartbeats, backoffs and periodic work and tells the engine the time; nil is
+	// the wall clock.
+	Clock fence.Clock
+	// Log receives structured logs; the zero value discards them.
+	Log logr.Logger
+	// OnRecord, when set, is told what became of every record whose offset may now be committed,
+	// from the partition's goroutine; it must not block. The demo and tests read it.
+	OnRecord func(Event)
+}
+
+// Kafka completes spec.kafka with what the cluster would provide from Secrets.
+type Kafka struct {
+	// BootstrapServers replaces spec.kafka.bootstrapServers when not empty.
+	BootstrapServers []string
+	// Username and Password authenticate with spec.kafka.sasl.mechanism; required when it is set.
+	Username, Password string
+	// CAFile is a PEM CA bundle for spec.kafka.tls; empty uses the system roots.
+	CAFile string
+}
+
+// Defaults of the runtime's own knobs (not part of the SequentialInbox).
+const (
+	defaultActionsInterval = 2 * time.Second
+	defaultCommitInterval  = time.Second
+	// maxPollRecords bounds one poll; partitions past pauseBacklog queued records stop fetching
+	// until their worker is down to resumeBacklog.
+	maxPollRecords = 500
+	pauseBacklog   = 1000
+	resumeBacklog  = 250
+	// commitTimeout bounds one offset commit.
+	commitTimeout = 10 * time.Second
+	// retryMin and retryMax bound the backoff after an infrastructure error or a failed
+	// dead-letter produce; the record is retried, never skipped.
+	retryMin = 100 * time.Millisecond
+	retryMax = 10 * time.Second
+	// keepAlive configures TCP keepalives to PostgreSQL, so that the server notices a dead
+	// consumer (and rolls back its claims) within about idle + interval*count.
+	keepAliveIdle     = 15 * time.Second
+	keepAliveInterval = 5 * time.Second
+	keepAliveCount    = 3
+)
+
+// RecordTimeout is the processing deadline of one record for a maxPollIntervalMs: nine tenths of
+// it, so that after the last record of a revoked partition there is time left to commit and
+// rejoin within the rebalance timeout.
+func RecordTimeout(maxPollInterval time.Duration) time.Duration {
+	return maxPollInterval * 9 / 10
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Inbox == nil:
+		return errors.New("no SequentialInbox")
+	case c.DatabaseURL == "":
+		return fmt.Errorf("no database URL: spec.database.urlSecretRef names Secret %q key %q; outside Kubernetes pass --database-url or SEQINBOX_DATABASE_URL",
+			c.Inbox.Spec.Database.URLSecretRef.Name, c.Inbox.Spec.Database.URLSecretRef.Key)
+	case c.InstanceID == "":
+		return errors.New("no instance ID")
+	case len(c.bootstrapServers()) == 0:
+		return errors.New("no bootstrap servers")
+	case c.Inbox.Spec.Kafka.SASL != nil && (c.Kafka.Username == "" || c.Kafka.Password == ""):
+		return fmt.Errorf("spec.kafka.sasl (%s) needs a user name and password: SEQINBOX_KAFKA_USERNAME and SEQINBOX_KAFKA_PASSWORD", c.Inbox.Spec.Kafka.SASL.Mechanism)
+	case c.Inbox.Spec.Database.PoolSize < 2:
+		return fmt.Errorf("spec.database.poolSize %d: a record in flight holds up to two connections, need at least 2", c.Inbox.Spec.Database.PoolSize)
+	case c.Inbox.Spec.Kafka.MaxPollIntervalMs <= 0:
+		return fmt.Errorf("spec.kafka.maxPollIntervalMs %d must be positive", c.Inbox.Spec.Kafka.MaxPollIntervalMs)
+	}
+	return nil
+}
+
+func (c *Config) bootstrapServers() []string {
+	if len(c.Kafka.BootstrapServers) > 0 {
+		return c.Kafka.BootstrapServers
+	}
+	return c.Inbox.Spec.Kafka.BootstrapServers
+}
+
+func (c *Config) maxPollInterval() time.Duration {
+	return time.Duration(c.Inbox.Spec.Kafka.MaxPollIntervalMs) * time.Millisecond
+}
+
+// inFlightLimit is how many records may be processed at once: each holds up to two connections.
+func (c *Config) inFlightLimit() int {
+	return max(1, int(c.Inbox.Spec.Database.PoolSize)/2)
+}
+
+// ConnectionOptions are the franz-go options that reach the brokers of a SequentialInbox: seed
+// brokers, TLS and SASL. The consumer, its dead-letter producer and the retry command use them.
+func ConnectionOptions(spec *v1alpha1.KafkaSpec, k Kafka) ([]kgo.Opt, error) {
+	seeds := k.BootstrapServers
+	if len(seeds) == 0 {
+		seeds = spec.BootstrapServers
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(seeds...)}
+	if spec.TLS != nil {
+		tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
+		if k.CAFile != "" {
+			pem, err := os.ReadFile(k.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("kafka CA bundle: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("kafka CA bundle %s holds no PEM certificate", k.CAFile)
+			}
+			tlsCfg.RootCAs = pool
+		}
+		opts = append(opts, kgo.DialTLSConfig(tlsCfg))
+	}
+	if spec.SASL != nil {
+		switch spec.SASL.Mechanism {
+		case "PLAIN":
+			opts = append(opts, kgo.SASL(plain.Auth{User: k.Username, Pass: k.Password}.AsMechanism()))
+		case "SCRAM-SHA-256":
+			opts = append(opts, kgo.SASL(scram.Auth{User: k.Username, Pass: k.Password}.AsSha256Mechanism()))
+		case "SCRAM-SHA-512":
+			opts = append(opts, kgo.SASL(scram.Auth{User: k.Username, Pass: k.Password}.AsSha512Mechanism()))
+		default:
+			return nil, fmt.Errorf("spec.kafka.sasl.mechanism %q: use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", spec.SASL.Mechanism)
+		}
+	}
+	return opts, nil
+}
+
+// newPool opens the consumer's PostgreSQL pool: poolSize connections with TCP keepalives, so
+// that the server rolls back the claims of a consumer that died without closing its connections.
+func newPool(ctx context.Context, url string, size int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	cfg.MaxConns = size
+	dialer := &net.Dialer{
+		Timeout: 10 * time.Second,
+		KeepAliveConfig: net.KeepAliveConfig{
+			Enable: true, Idle: keepAliveIdle, Interval: keepAliveInterval, Count: keepAliveCount,
+		},
+	}
+	cfg.ConnConfig.DialFunc = dialer.DialContext
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database pool: %w", err)
+	}
+	return pool, nil
+}
+
+// engineConfig derives the claim engine's configuration from the spec.
+func engineConfig(spec *v1alpha1.SequentialInboxSpec, listenerDeadline time.Duration, clock fence.Clock, log logr.Logger) inbox.Config {
+	cfg := inbox.Config{
+		ListenerDeadline: listenerDeadline,
+		IdleLockTimeout:  spec.Database.IdleLockTimeout.Duration,
+		Clock:            clock,
+		Log:              log.WithName("engine"),
+	}
+	if spec.SequencingStartTime != nil {
+		cfg.SequencingStartTime = spec.SequencingStartTime.Time
+	}
+	return cfg
+}

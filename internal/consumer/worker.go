@@ -1,0 +1,248 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/seqinbox/seqinbox/internal/deadletter"
+	"github.com/seqinbox/seqinbox/internal/decode"
+	"github.com/seqinbox/seqinbox/internal/inbox"
+	"github.com/seqinbox/seqinbox/internal/sequence"
+)
+
+// worker processes the records of one assigned partition, one after the other.
+type worker struct {
+	s  *session
+	tp topicPartition
+
+	mu     sync.Mutex
+	queue  []*kgo.Record
+	hwm    int64
+	paused bool
+
+	wake     chan struct{} // a record was queued
+	stopping chan struct{} // closed by stop: take no further record, stop retrying
+	stopOnce sync.Once
+	done     chan struct{} // closed when run returned
+}
+
+func newWorker(s *session, tp topicPartition) *worker {
+	return &worker{s: s, tp: tp, wake: make(chan struct{}, 1), stopping: make(chan struct{}), done: make(chan struct{})}
+}
+
+// enqueue adds polled records; true when the backlog is long enough to pause fetching.
+func (w *worker) enqueue(records []*kgo.Record, hwm int64) (pause bool) {
+	w.mu.Lock()
+	w.queue = append(w.queue, records...)
+	w.hwm = max(w.hwm, hwm)
+	if len(w.queue) >= pauseBacklog && !w.paused {
+		w.paused, pause = true, true
+	}
+	next := w.queue[0].Offset
+	w.mu.Unlock()
+	w.s.p.c.metrics.setLag(w.tp.topic, w.tp.partition, hwm-next)
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	return pause
+}
+
+// next takes the next record; false once the worker is stopping.
+func (w *worker) next() (*kgo.Record, bool) {
+	for {
+		select {
+		case <-w.stopping:
+			return nil, false
+		default:
+		}
+		w.mu.Lock()
+		if len(w.queue) > 0 {
+			r := w.queue[0]
+			w.queue[0] = nil
+			w.queue = w.queue[1:]
+			resume := w.paused && len(w.queue) <= resumeBacklog
+			if resume {
+				w.paused = false
+			}
+			w.mu.Unlock()
+			if resume {
+				w.s.client.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+			}
+			return r, true
+		}
+		w.mu.Unlock()
+		select {
+		case <-w.wake:
+		case <-w.stopping:
+			return nil, false
+		}
+	}
+}
+
+func (w *worker) stop() { w.stopOnce.Do(func() { close(w.stopping) }) }
+
+// run processes records until stopped. A record it abandons (stopped while retrying) ends the
+// run: nothing after it in the partition may be processed or committed.
+func (w *worker) run() {
+	defer close(w.done)
+	for {
+		r, ok := w.next()
+		if !ok {
+			return
+		}
+		if !w.s.p.handle(w, r) {
+			return
+		}
+		w.s.mark(w.tp, kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1})
+		w.mu.Lock()
+		lag := w.hwm - (r.Offset + 1)
+		w.mu.Unlock()
+		w.s.p.c.metrics.setLag(w.tp.topic, w.tp.partition, lag)
+	}
+}
+
+// wait sleeps d unless the worker stops or the consumer is killed first.
+func (w *worker) wait(d time.Duration) bool {
+	select {
+	case <-w.stopping:
+		return false
+	case <-w.s.p.c.work.Done():
+		return false
+	case <-w.s.p.c.clock.After(d):
+		return true
+	}
+}
+
+// errAbandoned reports a record given up because its worker stopped or the consumer was killed;
+// its offset is not committed.
+var errAbandoned = errors.New("record abandoned: partition revoked or consumer stopping")
+
+// handle decides about one record: decode, process, dead-letter. It returns true when the
+// record's offset may be committed, false when it was abandoned.
+func (p *processor) handle(w *worker, r *kgo.Record) bool {
+	c := p.c
+	rec, err := c.decoder.Decode(r, c.clock.Now())
+	ev := Event{Origin: rec.Origin, Type: rec.Type, Subtype: rec.Subtype, ContextID: rec.ContextID, IdempotenceID: rec.IdempotenceID}
+	if err != nil {
+		class := decode.ClassInvalidCloudEvent
+		var de *decode.Error
+		if errors.As(err, &de) {
+			class = de.Class
+		}
+		return p.deadLetterRecord(w, r, rec, class, err, ev)
+	}
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 && !w.wait(backoff(attempt-1)) {
+			return false
+		}
+		res, err := p.process(w, rec)
+		switch {
+		case errors.Is(err, errAbandoned):
+			return false
+		case errors.Is(err, inbox.ErrUndeclaredType):
+			return p.deadLetterRecord(w, r, rec, decode.ClassUndeclaredType, err, ev)
+		case errors.Is(err, inbox.ErrNoIdempotenceID):
+			return p.deadLetterRecord(w, r, rec, decode.ClassMissingIdempotenceID, err, ev)
+		case err != nil:
+			if c.work.Err() != nil {
+				return false
+			}
+			c.metrics.retries.WithLabelValues("infrastructure").Inc()
+			c.log.Error(err, "processing failed; retrying the record", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "attempt", attempt+1)
+			continue
+		}
+		seq := p.sequenceOf(rec)
+		var letters []deadletter.Letter
+		if res.Outcome == inbox.Failed {
+			l := deadletter.FromKafka(r, deadletter.ReasonListenerFailed, res.ListenerErr)
+			l.Sequence, l.ContextID = seq, rec.ContextID
+			letters = append(letters, l)
+		}
+		for _, f := range res.ReleaseFailures {
+			l := deadletter.FromRecord(f.Message.Record, deadletter.ReasonReleaseFailed, f.Err)
+			l.Origin, l.Sequence, l.ContextID = f.Origin, f.Message.Sequence, f.Message.ContextID
+			letters = append(letters, l)
+		}
+		for _, l := range letters {
+			if !p.publish(w, l) {
+				return false
+			}
+		}
+		ev.Outcome, ev.Released, ev.ReleaseFailures = res.Outcome.String(), len(res.Released), len(res.ReleaseFailures)
+		p.report(ev)
+		return true
+	}
+}
+
+// process runs the engine on one record within the record timeout, holding an in-flight token.
+func (p *processor) process(w *worker, rec inbox.Record) (inbox.Result, error) {
+	c := p.c
+	select {
+	case c.inFlight <- struct{}{}:
+	case <-w.stopping:
+		return inbox.Result{}, errAbandoned
+	case <-c.work.Done():
+		return inbox.Result{}, errAbandoned
+	}
+	c.metrics.inFlight.Inc()
+	defer func() {
+		c.metrics.inFlight.Dec()
+		<-c.inFlight
+	}()
+	ctx, cancel := context.WithTimeout(c.work, c.recordTimeout)
+	defer cancel()
+	return p.engine.Process(ctx, rec)
+}
+
+// deadLetterRecord sends a record the engine did not decide about to the dead-letter topic.
+func (p *processor) deadLetterRecord(w *worker, r *kgo.Record, rec inbox.Record, reason string, err error, ev Event) bool {
+	l := deadletter.FromKafka(r, reason, err)
+	l.Sequence, l.ContextID = p.sequenceOf(rec), rec.ContextID
+	if !p.publish(w, l) {
+		return false
+	}
+	p.c.log.Info("record dead-lettered", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "reason", reason, "error", err.Error())
+	ev.Outcome, ev.Reason = OutcomeDeadLettered, reason
+	p.report(ev)
+	return true
+}
+
+// publish produces a dead letter, retrying until the broker has it; false when abandoned (then
+// the record's offset must not be committed: the letter may be lost otherwise).
+func (p *processor) publish(w *worker, l deadletter.Letter) bool {
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 && !w.wait(backoff(attempt-1)) {
+			return false
+		}
+		err := p.publisher.Publish(p.c.work, l)
+		if err == nil {
+			return true
+		}
+		if p.c.work.Err() != nil {
+			return false
+		}
+		p.c.metrics.retries.WithLabelValues("dead-letter").Inc()
+		p.c.log.Error(err, "dead-letter produce failed; retrying, the record's offset stays uncommitted", "attempt", attempt+1)
+	}
+}
+
+func (p *processor) sequenceOf(rec inbox.Record) string {
+	if mt, ok := p.c.set.Lookup(sequence.Qualify(rec.Type, rec.Subtype)); ok {
+		return mt.Sequence.Name
+	}
+	return ""
+}
+
+func (p *processor) report(ev Event) {
+	p.c.metrics.records.WithLabelValues(ev.Outcome).Inc()
+	p.c.log.V(1).Info("record processed", "topic", ev.Origin.Topic, "partition", ev.Origin.Partition, "offset", ev.Origin.Offset,
+		"type", sequence.Qualify(ev.Type, ev.Subtype), "context", ev.ContextID, "outcome", ev.Outcome)
+	if p.c.cfg.OnRecord != nil {
+		p.c.cfg.OnRecord(ev)
+	}
+}
