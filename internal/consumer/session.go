@@ -29,7 +29,9 @@ type topicPartition struct {
 
 // session is one membership in the consumer group: one franz-go client from join to leave.
 type session struct {
-	p      *processor
+	p *processor
+	// client is set after the client started; the group callbacks, which may run before, use
+	// the client they are given.
 	client *kgo.Client
 
 	mu      sync.Mutex
@@ -132,7 +134,7 @@ func (s *session) dispatch(fp kgo.FetchTopicPartition) {
 }
 
 // assigned starts a worker per new partition.
-func (s *session) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+func (s *session) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for topic, partitions := range assigned {
@@ -141,31 +143,33 @@ func (s *session) assigned(_ context.Context, _ *kgo.Client, assigned map[string
 			if s.workers[tp] != nil {
 				continue
 			}
-			w := newWorker(s, tp)
+			w := newWorker(s, cl, tp)
 			s.workers[tp] = w
 			go w.run()
 		}
 	}
 	// A partition paused in an earlier assignment must fetch again.
-	s.client.ResumeFetchPartitions(assigned)
-	s.p.c.log.Info("partitions assigned", "partitions", assigned)
+	cl.ResumeFetchPartitions(assigned)
+	if len(assigned) > 0 {
+		s.p.c.log.Info("partitions assigned", "partitions", assigned)
+	}
 }
 
 // revoked finishes the in-flight records of the revoked partitions, commits what is done and
 // gives the partitions up. It runs within the rebalance timeout: an in-flight record takes at
 // most the record timeout.
-func (s *session) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
-	s.release(revoked, !s.p.c.killed.Load())
+func (s *session) revoked(_ context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	s.release(cl, revoked, !s.p.c.killed.Load())
 }
 
 // lost gives partitions up after a fatal group error: another member may own them already, so
 // nothing is committed. In-flight records finish (the claim engine keeps a concurrent delivery by
 // the new owner from processing them twice).
-func (s *session) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	s.release(lost, false)
+func (s *session) lost(_ context.Context, cl *kgo.Client, lost map[string][]int32) {
+	s.release(cl, lost, false)
 }
 
-func (s *session) release(partitions map[string][]int32, commit bool) {
+func (s *session) release(cl *kgo.Client, partitions map[string][]int32, commit bool) {
 	var stopping []*worker
 	s.mu.Lock()
 	for topic, ps := range partitions {
@@ -187,7 +191,7 @@ func (s *session) release(partitions map[string][]int32, commit bool) {
 		only[w.tp] = true
 	}
 	if commit {
-		if err := s.commit(only); err != nil {
+		if err := s.commit(cl, only); err != nil {
 			s.p.c.log.Error(err, "final commit of revoked partitions failed; their next owner re-reads the uncommitted records (the engine skips what was processed)")
 		}
 	}
@@ -199,7 +203,7 @@ func (s *session) release(partitions map[string][]int32, commit bool) {
 		s.p.c.metrics.dropLag(tp.topic, tp.partition)
 	}
 	s.mu.Unlock()
-	s.client.ResumeFetchPartitions(partitions)
+	cl.ResumeFetchPartitions(partitions)
 	if len(stopping) > 0 {
 		s.p.c.log.Info("partitions released", "partitions", partitions, "committed", commit)
 	}
@@ -214,7 +218,7 @@ func (s *session) mark(tp topicPartition, next kgo.EpochOffset) {
 
 // commit commits the marks that moved since the last commit (of the given partitions only, when
 // only is not nil).
-func (s *session) commit(only map[topicPartition]bool) error {
+func (s *session) commit(cl *kgo.Client, only map[topicPartition]bool) error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 	pending := map[string]map[int32]kgo.EpochOffset{}
@@ -235,7 +239,7 @@ func (s *session) commit(only map[topicPartition]bool) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.p.c.work), commitTimeout)
 	defer cancel()
 	var commitErr error
-	s.client.CommitOffsetsSync(ctx, pending, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+	cl.CommitOffsetsSync(ctx, pending, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 		commitErr = firstCommitError(resp, err)
 	})
 	if commitErr != nil {
@@ -269,7 +273,7 @@ func firstCommitError(resp *kmsg.OffsetCommitResponse, err error) error {
 // little; revocation and shutdown commit on their own.
 func (s *session) commitPeriodically(ctx context.Context) {
 	for s.p.c.sleep(ctx, s.p.c.cfg.CommitInterval) {
-		if err := s.commit(nil); err != nil {
+		if err := s.commit(s.client, nil); err != nil {
 			s.p.c.log.Error(err, "periodic offset commit failed; retrying at the next interval")
 		}
 	}

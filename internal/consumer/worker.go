@@ -16,8 +16,9 @@ import (
 
 // worker processes the records of one assigned partition, one after the other.
 type worker struct {
-	s  *session
-	tp topicPartition
+	s      *session
+	client *kgo.Client
+	tp     topicPartition
 
 	mu     sync.Mutex
 	queue  []*kgo.Record
@@ -30,8 +31,8 @@ type worker struct {
 	done     chan struct{} // closed when run returned
 }
 
-func newWorker(s *session, tp topicPartition) *worker {
-	return &worker{s: s, tp: tp, wake: make(chan struct{}, 1), stopping: make(chan struct{}), done: make(chan struct{})}
+func newWorker(s *session, client *kgo.Client, tp topicPartition) *worker {
+	return &worker{s: s, client: client, tp: tp, wake: make(chan struct{}, 1), stopping: make(chan struct{}), done: make(chan struct{})}
 }
 
 // enqueue adds polled records; true when the backlog is long enough to pause fetching.
@@ -71,7 +72,7 @@ func (w *worker) next() (*kgo.Record, bool) {
 			}
 			w.mu.Unlock()
 			if resume {
-				w.s.client.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+				w.client.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
 			}
 			return r, true
 		}
