@@ -166,6 +166,22 @@ func ConnectionOptions(spec *v1alpha1.KafkaSpec, k Kafka) ([]kgo.Opt, error) {
 	return opts, nil
 }
 
+// kafkaLogger passes franz-go's warnings and errors (broker connections, group management) to
+// the consumer's log.
+type kafkaLogger struct{ log logr.Logger }
+
+// Level implements kgo.Logger.
+func (kafkaLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+
+// Log implements kgo.Logger.
+func (l kafkaLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	if level == kgo.LogLevelError {
+		l.log.Error(nil, msg, keyvals...)
+		return
+	}
+	l.log.Info(msg, keyvals...)
+}
+
 // newPool opens the consumer's PostgreSQL pool: poolSize connections with TCP keepalives, so
 // that the server rolls back the claims of a consumer that died without closing its connections.
 func newPool(ctx context.Context, url string, size int32) (*pgxpool.Pool, error) {

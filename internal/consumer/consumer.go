@@ -121,6 +121,7 @@ func New(cfg Config) (*Consumer, error) {
 		log = logr.Discard()
 	}
 	log = log.WithValues("inbox", cfg.Inbox.Name, "instance", cfg.InstanceID)
+	connOpts = append(connOpts, kgo.WithLogger(kafkaLogger{log.WithName("kafka")}))
 
 	c := &Consumer{
 		cfg: cfg, log: log, clock: cfg.Clock, set: set, decoder: dec, connOpts: connOpts,
@@ -181,6 +182,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return fmt.Errorf("consumer: %w", err)
 	}
 	defer pool.Close()
+	defer func() { c.log.Info("consumer stopped", "killed", c.killed.Load()) }()
 	// Kill closes the pool at once, as a crash would drop the connections.
 	stopKillWatch := context.AfterFunc(c.work, pool.Close)
 	defer stopKillWatch()
@@ -255,7 +257,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.killed.Load() {
 		return ErrKilled
 	}
-	c.log.Info("consumer stopped")
 	return nil
 }
 

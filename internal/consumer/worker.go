@@ -130,12 +130,13 @@ func (p *processor) handle(w *worker, r *kgo.Record) bool {
 	rec, err := c.decoder.Decode(r, c.clock.Now())
 	ev := Event{Origin: rec.Origin, Type: rec.Type, Subtype: rec.Subtype, ContextID: rec.ContextID, IdempotenceID: rec.IdempotenceID}
 	if err != nil {
-		class := decode.ClassInvalidCloudEvent
+		class, cause := decode.ClassInvalidCloudEvent, err
 		var de *decode.Error
 		if errors.As(err, &de) {
-			class = de.Class
+			// The class is the reason header; the message need not repeat it.
+			class, cause = de.Class, de.Err
 		}
-		return p.deadLetterRecord(w, r, rec, class, err, ev)
+		return p.deadLetterRecord(w, r, rec, class, cause, ev)
 	}
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 && !w.wait(backoff(attempt-1)) {
