@@ -158,7 +158,7 @@ func Run(ctx context.Context, opts Options) (report *Report, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("consumer %s: %w", c.Name, err)
 		}
-		stats := ConsumerStats{Name: "consumer-" + c.Name, Group: c.Group}
+		stats := ConsumerStats{Name: c.Name, Group: c.Group}
 		for _, counter := range report.Counters {
 			stats.Values = append(stats.Values, counter.Value(families))
 		}

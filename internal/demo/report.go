@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // ConsumerStats are the claim-engine counters one consumer reported, in the order of Counters.
@@ -137,7 +138,10 @@ func (r *Report) writeSink(b *strings.Builder) {
 // writeEngine prints the claim-engine counters of each consumer and their total.
 func (r *Report) writeEngine(b *strings.Builder) {
 	b.WriteString("\nClaim engine (Prometheus metrics of each consumer; every record reaches both consumer groups)\n")
-	const labelWidth = 46
+	labelWidth := 0
+	for _, c := range r.Counters {
+		labelWidth = max(labelWidth, utf8.RuneCountInString(c.Label))
+	}
 	fmt.Fprintf(b, "  %-*s", labelWidth, "")
 	for _, c := range r.Consumers {
 		fmt.Fprintf(b, "%12s", c.Name)
@@ -172,7 +176,9 @@ func (r *Report) writeDeadLetters(b *strings.Builder) {
 		if p := poisonByID(r.Scenario, k.id); p != nil {
 			why = " — " + p.Why
 		}
-		fmt.Fprintf(b, "  %s %s from %s ×%d%s\n      %s: %s\n", k.typ, k.id, k.origin, count[k], why, k.reason, k.message)
+		// The message may repeat the reason as its prefix; say it once.
+		message := strings.TrimPrefix(k.message, k.reason+": ")
+		fmt.Fprintf(b, "  %s %s from %s ×%d%s\n      %s: %s\n", k.typ, k.id, k.origin, count[k], why, k.reason, message)
 	}
 }
 
