@@ -38,6 +38,9 @@ func runDemo(ctx context.Context, args []string) error {
 		Binary: binary, DatabaseURL: *databaseURL, Manifest: *manifestPath, Out: os.Stdout, Timeout: *timeout,
 	})
 	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("interrupted; what the demo started is stopped and removed: %w", err)
+		}
 		return err
 	}
 	if err := report.Write(os.Stdout); err != nil {

@@ -72,7 +72,7 @@ func startConsumer(binary, manifestPath, databaseURL string, seeds []string, nam
 	}
 	logFile, err := os.Create(logPath)
 	if err != nil {
-		return nil, fmt.Errorf("consumer %s: %w", name, err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	cmd := exec.Command(binary, "consume",
 		"-f", manifestPath,
@@ -85,7 +85,7 @@ func startConsumer(binary, manifestPath, databaseURL string, seeds []string, nam
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		_ = logFile.Close()
-		return nil, fmt.Errorf("start consumer %s: %w", name, err)
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	c := &consumer{Name: name, Group: group, MetricsAddr: metricsAddr, HealthAddr: healthAddr, LogPath: logPath,
 		cmd: cmd, done: make(chan struct{})}
@@ -119,7 +119,7 @@ func (c *consumer) waitReady(ctx context.Context) error {
 	for {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.HealthAddr+"/readyz", nil)
 		if err != nil {
-			return fmt.Errorf("consumer %s: %w", c.Name, err)
+			return fmt.Errorf("%s: %w", c.Name, err)
 		}
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			_ = resp.Body.Close()
@@ -129,9 +129,12 @@ func (c *consumer) waitReady(ctx context.Context) error {
 		}
 		select {
 		case <-c.done:
-			return fmt.Errorf("consumer %s exited before it was ready (%w); its log:\n%s", c.Name, c.exitReason(), c.logTail(20))
+			return fmt.Errorf("%s exited before it was ready (%w); its log:\n%s", c.Name, c.exitReason(), c.logTail(20))
 		case <-ctx.Done():
-			return fmt.Errorf("consumer %s not ready: %w; its log:\n%s", c.Name, ctx.Err(), c.logTail(20))
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return fmt.Errorf("%s not ready: %w", c.Name, ctx.Err())
+			}
+			return fmt.Errorf("%s not ready: %w; its log:\n%s", c.Name, ctx.Err(), c.logTail(20))
 		case <-ticker.C:
 		}
 	}
@@ -153,11 +156,11 @@ func (c *consumer) stop() error {
 		case <-time.After(stopGrace):
 			_ = c.cmd.Process.Kill()
 			<-c.done
-			return fmt.Errorf("consumer %s did not stop within %s of SIGTERM and was killed", c.Name, stopGrace)
+			return fmt.Errorf("%s did not stop within %s of SIGTERM and was killed", c.Name, stopGrace)
 		}
 	}
 	if c.err != nil {
-		return fmt.Errorf("consumer %s: %w; its log:\n%s", c.Name, c.err, c.logTail(20))
+		return fmt.Errorf("%s: %w; its log:\n%s", c.Name, c.err, c.logTail(20))
 	}
 	return nil
 }

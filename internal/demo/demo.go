@@ -156,7 +156,7 @@ func Run(ctx context.Context, opts Options) (report *Report, err error) {
 	for _, c := range consumers {
 		families, err := Scrape(ctx, "http://"+c.MetricsAddr+"/metrics")
 		if err != nil {
-			return nil, fmt.Errorf("consumer %s: %w", c.Name, err)
+			return nil, fmt.Errorf("%s: %w", c.Name, err)
 		}
 		stats := ConsumerStats{Name: c.Name, Group: c.Group}
 		for _, counter := range report.Counters {
@@ -181,12 +181,12 @@ func startConsumers(ctx context.Context, opts Options, manifestData []byte, grou
 	var consumers []*consumer
 	// Two consumers, each in its own consumer group, so that every record reaches the engine twice.
 	for _, name := range []string{"a", "b"} {
-		group := group + "-" + name
+		group, instance := group+"-"+name, "consumer-"+name
 		path := filepath.Join(dir, "inbox-"+name+".yaml")
-		if err := consumerCopy(manifestData, path, group, sink.URL(name), seeds); err != nil {
+		if err := consumerCopy(manifestData, path, group, sink.URL(instance), seeds); err != nil {
 			return consumers, err
 		}
-		c, err := startConsumer(opts.Binary, path, databaseURL, seeds, "consumer-"+name, group, filepath.Join(dir, "consumer-"+name+".log"))
+		c, err := startConsumer(opts.Binary, path, databaseURL, seeds, instance, group, filepath.Join(dir, instance+".log"))
 		if err != nil {
 			return consumers, err
 		}
@@ -214,7 +214,7 @@ func awaitProcessed(ctx context.Context, timeout time.Duration, seeds []string, 
 	for {
 		for _, c := range consumers {
 			if c.exited() {
-				return fmt.Errorf("consumer %s exited while processing (%w); its log:\n%s", c.Name, c.exitReason(), c.logTail(20))
+				return fmt.Errorf("%s exited while processing (%w); its log:\n%s", c.Name, c.exitReason(), c.logTail(20))
 			}
 		}
 		left, err := Unprocessed(ctx, seeds, sc.Topic, groups)
@@ -245,7 +245,7 @@ func awaitProcessed(ctx context.Context, timeout time.Duration, seeds []string, 
 			if cause := context.Cause(ctx); errors.Is(cause, context.DeadlineExceeded) {
 				var logs []string
 				for _, c := range consumers {
-					logs = append(logs, fmt.Sprintf("consumer %s:\n%s", c.Name, c.logTail(15)))
+					logs = append(logs, fmt.Sprintf("%s:\n%s", c.Name, c.logTail(15)))
 				}
 				return fmt.Errorf("the consumers did not process the scenario within %s; their logs:\n%s", timeout, strings.Join(logs, "\n"))
 			}

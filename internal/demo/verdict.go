@@ -61,7 +61,7 @@ func Check(set *sequence.Set, sc *Scenario, deliveries []Delivery, deadLetters [
 	processed := map[string]map[string]bool{}
 	for _, d := range deliveries {
 		if d.Problem != "" {
-			problem("the sink refused a request from consumer %s: %s", d.Via, d.Problem)
+			problem("the sink refused a request from %s: %s", d.Via, d.Problem)
 			continue
 		}
 		if !d.Accepted() {

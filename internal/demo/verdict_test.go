@@ -115,9 +115,9 @@ func TestCheckJudgesSinkOrderAgainstTheReleaseConditions(t *testing.T) {
 				ds[indexOf(ds, "evt-1001-paid")].ContextID = "order-1002"
 				return ds, dead
 			}},
-		{name: "a malformed request", problem: "the sink refused a request from consumer b",
+		{name: "a malformed request", problem: "the sink refused a request from consumer-b",
 			mutate: func(ds []Delivery, dead []DeadLetter) ([]Delivery, []DeadLetter) {
-				return append(ds, Delivery{Via: "b", ID: "x", Status: http.StatusBadRequest, Problem: "ce-specversion is \"\""}), dead
+				return append(ds, Delivery{Via: "consumer-b", ID: "x", Status: http.StatusBadRequest, Problem: "ce-specversion is \"\""}), dead
 			}},
 		{name: "a poison record reached the sink", problem: "poison record evt-1005-paid reached the sink",
 			mutate: func(ds []Delivery, dead []DeadLetter) ([]Delivery, []DeadLetter) {
