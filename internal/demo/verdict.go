@@ -31,7 +31,7 @@ func (v Verdict) String() string {
 		return fmt.Sprintf("VERDICT: FAILED — %d problem(s): %s", len(v.Problems), strings.Join(v.Problems, "; "))
 	}
 	return fmt.Sprintf("VERDICT: holds — all %d sequenced messages of %d orders reached the sink exactly once, each after "+
-		"its release condition held; %d unsequenced once per consumer group; %d poison records dead-lettered by each group",
+		"its release condition held; %d unsequenced message(s) once per consumer group; %d poison records dead-lettered by each group",
 		v.Sequenced, v.Orders, v.Unsequenced, v.Poison)
 }
 
