@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -23,10 +24,26 @@ func (h *harness) processAsync(rec Record) <-chan processed {
 	return ch
 }
 
-// blockFirstCall makes the listener's first call signal entered and wait for release, returning
-// firstErr; later calls succeed at once.
-func blockFirstCall(l *testListener, firstErr error) (entered, release chan struct{}) {
-	entered, release = make(chan struct{}), make(chan struct{})
+// await returns the result of an asynchronous Process, failing the test if none comes within
+// the deadline (a hang is the failure mode of a missing lease).
+func await(t *testing.T, ch <-chan processed, what string) processed {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no result from %s within 30s", what)
+		return processed{}
+	}
+}
+
+// blockFirstCall makes the listener's first call signal entered and wait for release(), returning
+// firstErr; later calls succeed at once. A failed test releases the call, so that the pool can
+// close.
+func blockFirstCall(t *testing.T, l *testListener, firstErr error) (entered chan struct{}, release func()) {
+	entered, released := make(chan struct{}), make(chan struct{})
+	release = sync.OnceFunc(func() { close(released) })
+	t.Cleanup(release)
 	var once sync.Once
 	l.setBehaviour(func(ctx context.Context, m Message) error {
 		first := false
@@ -35,7 +52,7 @@ func blockFirstCall(l *testListener, firstErr error) (entered, release chan stru
 			return nil
 		}
 		close(entered)
-		<-release
+		<-released
 		return firstErr
 	})
 	return entered, release
@@ -66,7 +83,7 @@ func (h *harness) blockerOf(pid int32) int32 {
 
 func TestLoserWaitsInsidePostgresWhileWinnerListensThenIsDuplicate(t *testing.T) {
 	h := newHarness(t, chainSet())
-	entered, release := blockFirstCall(h.listener, nil)
+	entered, release := blockFirstCall(t, h.listener, nil)
 	rec := h.rec("A", "a1", "c1")
 
 	winner := h.processAsync(rec)
@@ -87,8 +104,8 @@ func TestLoserWaitsInsidePostgresWhileWinnerListensThenIsDuplicate(t *testing.T)
 		t.Fatalf("rows while the winner's listener runs = %v, want none", s)
 	}
 
-	close(release)
-	w, l := <-winner, <-loser
+	release()
+	w, l := await(t, winner, "the winner"), await(t, loser, "the loser")
 	if w.err != nil || w.res.Outcome != Delivered {
 		t.Fatalf("winner = %v, %v; want Delivered", w.res.Outcome, w.err)
 	}
@@ -109,16 +126,16 @@ func TestLoserWaitsInsidePostgresWhileWinnerListensThenIsDuplicate(t *testing.T)
 func TestLoserTakesOverAfterWinnerListenerFails(t *testing.T) {
 	h := newHarness(t, chainSet())
 	sinkDown := errors.New("sink returned 503")
-	entered, release := blockFirstCall(h.listener, sinkDown)
+	entered, release := blockFirstCall(t, h.listener, sinkDown)
 	rec := h.rec("A", "a1", "c1")
 
 	winner := h.processAsync(rec)
 	<-entered
 	loser := h.processAsync(rec)
 	waitFor(t, "the loser's claim insert to wait for a lock", func() bool { return len(h.blockedClaimInserts()) == 1 })
-	close(release)
+	release()
 
-	w, l := <-winner, <-loser
+	w, l := await(t, winner, "the winner"), await(t, loser, "the loser")
 	if w.err != nil || w.res.Outcome != Failed || !errors.Is(w.res.ListenerErr, sinkDown) {
 		t.Fatalf("winner = %v (%v), %v; want Failed with the listener's error", w.res.Outcome, w.res.ListenerErr, w.err)
 	}
@@ -138,7 +155,7 @@ func TestLoserTakesOverAfterWinnerListenerFails(t *testing.T) {
 
 func TestLoserTakesOverAfterWinnerConnectionIsKilled(t *testing.T) {
 	h := newHarness(t, chainSet())
-	entered, release := blockFirstCall(h.listener, nil)
+	entered, release := blockFirstCall(t, h.listener, nil)
 	rec := h.rec("A", "a1", "c1")
 
 	winner := h.processAsync(rec)
@@ -151,14 +168,14 @@ func TestLoserTakesOverAfterWinnerConnectionIsKilled(t *testing.T) {
 		t.Fatalf("terminate winner's backend %d: %v, %v", blocker, killed, err)
 	}
 
-	l := <-loser
+	l := await(t, loser, "the loser")
 	if l.err != nil || l.res.Outcome != Delivered {
 		t.Fatalf("loser = %v, %v; want Delivered after the winner's connection died", l.res.Outcome, l.err)
 	}
 	// The winner's listener now returns success, but its claim is gone: it must neither write a
 	// second row nor report success.
-	close(release)
-	w := <-winner
+	release()
+	w := await(t, winner, "the winner")
 	if w.err == nil {
 		t.Fatalf("winner = %v without error, want an error: its T1 was terminated", w.res.Outcome)
 	}
@@ -422,5 +439,87 @@ func TestAbandonedRecordLeavesNoStateAndNoClaim(t *testing.T) {
 	}
 	if s, c := h.states("A", "a1"), h.claims("A", "a1"); len(s) != 0 || c != 0 {
 		t.Fatalf("rows %v, claims %d; want none: an abandoned record is not a listener failure", s, c)
+	}
+}
+
+// TestHungListenerLosesItsClaimOnlyAfterItsDeadline proves T1's lease: a listener that ignores
+// its cancellation keeps the claim until the deadline plus the margin (never less than the
+// deadline), then the server ends T1 and a waiting duplicate takes over; the hung winner neither
+// writes a second row nor reports success.
+func TestHungListenerLosesItsClaimOnlyAfterItsDeadline(t *testing.T) {
+	h := newHarness(t, chainSet(), func(c *Config) {
+		c.ListenerDeadline, c.LeaseMargin = 300*time.Millisecond, 2*time.Second
+	})
+	deadlineReached, released := make(chan struct{}), make(chan struct{})
+	release := sync.OnceFunc(func() { close(released) })
+	t.Cleanup(release)
+	var once sync.Once
+	h.listener.setBehaviour(func(ctx context.Context, _ Message) error {
+		first := false
+		once.Do(func() { first = true })
+		if !first {
+			return nil
+		}
+		<-ctx.Done()
+		close(deadlineReached)
+		<-released // hangs past its deadline
+		return nil
+	})
+	rec := h.rec("A", "a1", "c1")
+	winner := h.processAsync(rec)
+	waitFor(t, "the winner's listener call", func() bool { return h.listener.callCount() == 1 })
+	loser := h.processAsync(rec)
+	waitFor(t, "the loser's claim insert to wait for a lock", func() bool { return len(h.blockedClaimInserts()) == 1 })
+	blocker := h.blockerOf(h.blockedClaimInserts()[0])
+
+	<-deadlineReached
+	if s := h.backendState(blocker); s != "idle in transaction" {
+		t.Fatalf("winner's T1 at the listener deadline is %q, want still idle in transaction (lease >= deadline)", s)
+	}
+	l := await(t, loser, "the loser")
+	if l.err != nil || l.res.Outcome != Delivered {
+		t.Fatalf("loser = %v, %v; want Delivered once the hung winner's lease expired", l.res.Outcome, l.err)
+	}
+	if n := h.count(`SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, blocker); n != 0 {
+		t.Fatalf("winner's T1 backend still exists after the takeover")
+	}
+	release()
+	if w := await(t, winner, "the hung winner"); w.err == nil {
+		t.Fatalf("hung winner = %v without error, want an error: its claim expired", w.res.Outcome)
+	}
+	if s := h.states("A", "a1"); !slices.Equal(s, []string{stateProcessed}) {
+		t.Fatalf("rows = %v, want exactly one PROCESSED", s)
+	}
+}
+
+func TestConcurrentCreatorsEndWithOneInstance(t *testing.T) {
+	h := newHarness(t, chainSet())
+	const creators = 8
+	for it := range 10 {
+		fns := make([]func() error, creators)
+		for i := range fns {
+			// Engines of their own: no instance cache shared between the creators.
+			e, err := New(h.pool, chainSet(), h.listener, Config{ListenerDeadline: time.Minute, IdleLockTimeout: time.Minute, Clock: h.clock}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := h.rec("C", fmt.Sprintf("c%d-%d", it, i), fmt.Sprintf("new%d", it))
+			fns[i] = func() error {
+				_, err := e.Process(context.Background(), rec)
+				return err
+			}
+		}
+		for _, err := range raceAll(fns) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := h.count(`SELECT count(*) FROM sequence_instance WHERE context_id = $1`, h.ctxID(fmt.Sprintf("new%d", it))); n != 1 {
+			t.Fatalf("iteration %d: %d instances, want 1", it, n)
+		}
+		if n := h.count(`SELECT count(DISTINCT sequence_instance_id) FROM sequenced_message WHERE idempotence_id LIKE $1`,
+			h.prefix+fmt.Sprintf("c%d-%%", it)); n != 1 {
+			t.Fatalf("iteration %d: messages in %d instances, want 1", it, n)
+		}
 	}
 }

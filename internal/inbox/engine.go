@@ -45,11 +45,15 @@ func (wallClock) Now() time.Time { return time.Now() }
 // Config tunes the engine.
 type Config struct {
 	// ListenerDeadline bounds one listener call including the sink's own retries. T1's
-	// idle_in_transaction_session_timeout is this plus leaseMargin, so that a claim never expires
+	// idle_in_transaction_session_timeout is this plus LeaseMargin, so that a claim never expires
 	// while its listener call may still run.
 	ListenerDeadline time.Duration
+	// LeaseMargin is added to ListenerDeadline for the idle timeouts of T1 and T2; it covers the
+	// state write after the listener returned and the network between engine and server.
+	// Zero: 5s.
+	LeaseMargin time.Duration
 	// IdleLockTimeout is T2's idle_in_transaction_session_timeout: how long a consumer that hangs
-	// may keep an instance locked. It is raised to ListenerDeadline plus leaseMargin when lower,
+	// may keep an instance locked. It is raised to ListenerDeadline plus LeaseMargin when lower,
 	// because T2 calls the listener while it holds the lock, and a lock that expired during a
 	// listener call would let another consumer release the same message at the same time.
 	IdleLockTimeout time.Duration
@@ -65,9 +69,8 @@ type Config struct {
 	Log logr.Logger
 }
 
-// leaseMargin is added to the listener deadline for T1's idle timeout: it covers writing the state
-// after the listener returned and the network between engine and server.
-const leaseMargin = 5 * time.Second
+// defaultLeaseMargin is the LeaseMargin of a zero Config.
+const defaultLeaseMargin = 5 * time.Second
 
 // instanceCacheSize bounds the instance id cache (about 100 bytes an entry).
 const instanceCacheSize = 10000
@@ -178,6 +181,9 @@ func New(pool *pgxpool.Pool, set *sequence.Set, l Listener, cfg Config, m *Metri
 	if cfg.Log.IsZero() {
 		cfg.Log = logr.Discard()
 	}
+	if cfg.LeaseMargin <= 0 {
+		cfg.LeaseMargin = defaultLeaseMargin
+	}
 	if cfg.ExpiringSoonWindow <= 0 {
 		cfg.ExpiringSoonWindow = time.Hour
 	}
@@ -187,8 +193,8 @@ func New(pool *pgxpool.Pool, set *sequence.Set, l Listener, cfg Config, m *Metri
 	e := &Engine{
 		pool: pool, set: set, listener: l, cfg: cfg, clock: cfg.Clock, log: cfg.Log, metrics: m,
 		instances:  newInstanceCache(instanceCacheSize),
-		claimLease: cfg.ListenerDeadline + leaseMargin,
-		lockLease:  max(cfg.IdleLockTimeout, cfg.ListenerDeadline+leaseMargin),
+		claimLease: cfg.ListenerDeadline + cfg.LeaseMargin,
+		lockLease:  max(cfg.IdleLockTimeout, cfg.ListenerDeadline+cfg.LeaseMargin),
 	}
 	if cfg.IdleLockTimeout < e.lockLease {
 		e.log.Info("idle lock timeout raised to the listener deadline plus margin, so that a release lock never expires during a listener call",

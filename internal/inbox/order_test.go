@@ -247,7 +247,7 @@ func TestForUpdateOnTheInstanceWouldStallBuffering(t *testing.T) {
 	if err := tx.Rollback(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if r := <-done; r.err != nil || r.res.Outcome != Buffered {
+	if r := await(t, done, "C2"); r.err != nil || r.res.Outcome != Buffered {
 		t.Fatalf("C2 = %v, %v; want Buffered after the lock went", r.res.Outcome, r.err)
 	}
 }
