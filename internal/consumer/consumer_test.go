@@ -7,11 +7,15 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/seqinbox/seqinbox/internal/deadletter"
 	"github.com/seqinbox/seqinbox/internal/decode"
+	"github.com/seqinbox/seqinbox/internal/inbox"
+	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
 var businessOrder = []string{"OrderCreated", "OrderPaid", "OrderShipped"}
@@ -60,6 +64,7 @@ func TestRecordsOutOfOrderAcrossPartitionsReachTheSinkInSequenceOrder(t *testing
 	}
 	produce(t, seeds, late...)
 	waitUntil(t, "every message reached the sink", func() bool { return len(s.accepted()) == 3*orders })
+	waitUntil(t, "every record was processed", func() bool { return r.events.count("") == 3*orders })
 
 	assertBusinessOrder(t, s, "ooo", orders)
 	if n := r.events.count("Delivered"); n != orders {
@@ -280,7 +285,7 @@ func TestKilledMidDeliveryLeavesTheMessageToTheOtherConsumer(t *testing.T) {
 		}
 		return 200
 	})
-	so := sinkOpts{timeout: 8 * 1e9}
+	so := sinkOpts{timeout: 8 * time.Second}
 	a := startConsumer(t, testInbox(t, seeds, "g-kill-a", s.srv.URL, so), "kill-a")
 	produce(t, seeds, event(0, "OrderCreated", "kill-1", "kill-o1"))
 	waitUntil(t, "the first consumer's delivery hangs in the sink", func() bool { return s.hanging("kill-1") })
@@ -310,5 +315,74 @@ func TestKilledMidDeliveryLeavesTheMessageToTheOtherConsumer(t *testing.T) {
 	}
 	if lag := committedLag(t, seeds, "g-kill-a"); lag[0] != 1 {
 		t.Fatalf("the killed consumer's group lags %d, want 1: it must not commit the record it abandoned", lag[0])
+	}
+}
+
+func TestFailedDeadLetterProduceHoldsTheRecordAndItsPartition(t *testing.T) {
+	database(t)
+	seeds := testenv.Kafka(t, 1, "orders") // no dead-letter topic yet: every produce to it fails
+	s := newSink(t, nil)
+	r := startConsumer(t, testInbox(t, seeds, "g-dlqdown", s.srv.URL, sinkOpts{}), "dlqdown-1")
+	produce(t, seeds, event(0, "InvoiceSent", "dd-poison", "dd-o1"), event(0, "OrderCreated", "dd-good", "dd-o2"))
+	waitUntil(t, "the dead-letter produce failed and is retried", func() bool {
+		return gauge(t, r.c, "seqinbox_record_retries_total", "cause", "dead-letter") >= 1
+	})
+	if n := r.events.count(""); n != 0 {
+		t.Fatalf("%d records reported processed while the poison record's dead letter is not stored", n)
+	}
+	if n := len(s.deliveries()); n != 0 {
+		t.Fatalf("the record after the poison one was delivered before it: partition order broken")
+	}
+	if lag := committedLag(t, seeds, "g-dlqdown"); lag[0] != 2 {
+		t.Fatalf("committed lag %d, want 2: no offset may be committed before the dead letter is stored", lag[0])
+	}
+
+	createTopic(t, seeds, "orders.dlq")
+	waitUntil(t, "both records were processed", func() bool { return r.events.count("") == 2 })
+	if letters := readTopic(t, seeds, "orders.dlq"); len(letters) != 1 || deadletter.Read(letters[0]).Reason != decode.ClassUndeclaredType {
+		t.Fatalf("dead letters %v, want the one UndeclaredType letter", letters)
+	}
+	if s.accepted()["dd-good"] != 1 {
+		t.Fatalf("the good record was not delivered once")
+	}
+	waitUntil(t, "every offset is committed", func() bool { return committedLag(t, seeds, "g-dlqdown")[0] == 0 })
+}
+
+func TestOperatorActionsRunInTheConsumer(t *testing.T) {
+	pool := database(t)
+	seeds := cluster(t, 1)
+	s := newSink(t, nil)
+	r := startConsumer(t, testInbox(t, seeds, "g-actions", s.srv.URL, sinkOpts{}), "actions-1",
+		func(c *Config) { c.ActionsInterval = 50 * time.Millisecond })
+	produce(t, seeds, event(0, "OrderPaid", "act-paid", "act-o1"), event(0, "OrderShipped", "act-shipped", "act-o2"))
+	waitUntil(t, "both messages are buffered", func() bool { return r.events.count("Buffered") == 2 })
+
+	ctx := context.Background()
+	if err := inbox.RequestMessageAction(ctx, pool, "OrderPaid", "act-paid", inbox.ActionConsume); err != nil {
+		t.Fatal(err)
+	}
+	if err := inbox.RequestInstanceAction(ctx, pool, "order", "act-o2", inbox.ActionClose); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "CONSUME delivered the buffered message", func() bool { return s.accepted()["act-paid"] == 1 })
+	waitUntil(t, "CLOSE dead-lettered the buffered message", func() bool { return len(readTopic(t, seeds, "orders.dlq")) == 1 })
+	l := deadletter.Read(readTopic(t, seeds, "orders.dlq")[0])
+	if l.Reason != deadletter.ReasonOperatorAction || l.Sequence != "order" || l.ContextID != "act-o2" || l.Origin.Offset != 1 {
+		t.Fatalf("dead letter %+v, want OperatorAction of order/act-o2 from offset 1", l)
+	}
+	if s.accepted()["act-shipped"] != 0 {
+		t.Fatalf("CLOSE delivered the buffered message")
+	}
+}
+
+func createTopic(t testing.TB, seeds []string, topic string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := kadm.NewClient(cl).CreateTopic(context.Background(), 1, 1, nil, topic); err != nil {
+		t.Fatal(err)
 	}
 }

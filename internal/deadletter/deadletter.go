@@ -38,8 +38,9 @@ const (
 	ReasonReleaseFailed = "ReleaseFailed"
 	// ReasonSequenceDeleted: housekeeping deleted the instance while the message was WAITING.
 	ReasonSequenceDeleted = "SequenceDeleted"
-	// ReasonActionFailed: an operator action could not deliver the message.
-	ReasonActionFailed = "ActionFailed"
+	// ReasonOperatorAction: an operator action gave the message up (its delivery failed, or
+	// CLOSE closed the instance without delivering it).
+	ReasonOperatorAction = "OperatorAction"
 )
 
 // Letter is one record on its way to the dead-letter topic.
@@ -156,7 +157,7 @@ func (p *Publisher) DeadLetter(ctx context.Context, m inbox.Message, reason stri
 // engineLetter turns the engine's reason sentence into a reason class; the sentence becomes the
 // message.
 func engineLetter(m inbox.Message, reason string) Letter {
-	class := ReasonActionFailed
+	class := ReasonOperatorAction
 	if reason == inbox.DeadLetterReasonSequenceDeleted {
 		class = ReasonSequenceDeleted
 	}

@@ -184,7 +184,7 @@ func TestRetryRepublishesEachLetterOnce(t *testing.T) {
 func TestDeadLetterNamesHousekeepingDeletions(t *testing.T) {
 	tests := []struct{ engineReason, wantClass string }{
 		{inbox.DeadLetterReasonSequenceDeleted, ReasonSequenceDeleted},
-		{"operator action: HTTP 500", ReasonActionFailed},
+		{"operator action: sequence closed without delivery", ReasonOperatorAction},
 	}
 	for _, tt := range tests {
 		l := engineLetter(inbox.Message{Sequence: "order", ContextID: "o-1", Record: inbox.Record{Origin: inbox.Origin{Topic: "orders"}}}, tt.engineReason)
