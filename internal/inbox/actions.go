@@ -98,6 +98,9 @@ const actionBatchSize = 100
 // delivery fails, and buffered messages of a closed instance, go to dl. It returns the number of
 // actions executed.
 func (e *Engine) RunPendingActions(ctx context.Context, dl DeadLetterer) (int, error) {
+	if dl == nil {
+		return 0, errors.New("pending actions: no dead-letterer")
+	}
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("pending actions: acquire connection: %w", err)

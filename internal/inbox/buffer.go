@@ -16,7 +16,7 @@ type storedHeader struct {
 func encodeHeaders(hs []Header) (json.RawMessage, error) {
 	stored := make([]storedHeader, len(hs))
 	for i, h := range hs {
-		stored[i] = storedHeader{Key: h.Key, Value: h.Value}
+		stored[i] = storedHeader(h)
 	}
 	raw, err := json.Marshal(stored)
 	if err != nil {
@@ -36,7 +36,7 @@ func decodeHeaders(raw []byte) ([]Header, error) {
 	}
 	hs := make([]Header, len(stored))
 	for i, h := range stored {
-		hs[i] = Header{Key: h.Key, Value: h.Value}
+		hs[i] = Header(h)
 	}
 	return hs, nil
 }

@@ -91,17 +91,17 @@ var ErrNoIdempotenceID = errors.New("record has no idempotence ID")
 type Outcome int
 
 const (
-	// Delivered: the claim was won, the listener accepted the message, its state is PROCESSED.
+	// Delivered means the claim was won, the listener accepted the message, its state is PROCESSED.
 	Delivered Outcome = iota + 1
-	// Buffered: the claim was won, the release condition does not hold yet; the message is WAITING.
+	// Buffered means the claim was won, the release condition does not hold yet; the message is WAITING.
 	Buffered
-	// Duplicate: another delivery holds or held the claim, or the message is already WAITING or
+	// Duplicate means another delivery holds or held the claim, or the message is already WAITING or
 	// PROCESSED; the listener was not called.
 	Duplicate
-	// Bypassed: the record is not sequenced (filter false or empty context ID) and the listener
+	// Bypassed means the record is not sequenced (filter false or empty context ID) and the listener
 	// accepted it; no row was written.
 	Bypassed
-	// Failed: the listener failed. For a sequenced record its state is FAILED and its claim rolled
+	// Failed means the listener failed. For a sequenced record its state is FAILED and its claim rolled
 	// back, so that a resend can retry it; the caller dead-letters the record.
 	Failed
 )

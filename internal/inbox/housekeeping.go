@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -54,6 +55,9 @@ func (e *Engine) Housekeep(ctx context.Context, hc HousekeepingConfig, dl DeadLe
 	var rep HousekeepingReport
 	if hc.BatchSize <= 0 || hc.MaxDuration <= 0 || hc.ExpiryDelay < 0 {
 		return rep, fmt.Errorf("housekeeping: invalid config %+v", hc)
+	}
+	if dl == nil {
+		return rep, errors.New("housekeeping: no dead-letterer")
 	}
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
