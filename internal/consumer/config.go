@@ -71,8 +71,10 @@ const (
 	maxPollRecords = 500
 	pauseBacklog   = 1000
 	resumeBacklog  = 250
-	// commitTimeout bounds one offset commit.
-	commitTimeout = 10 * time.Second
+	// commitTimeout bounds one offset commit, publishTimeout one dead-letter produce (franz-go
+	// would otherwise retry an unreachable broker forever and hold a revocation up).
+	commitTimeout  = 10 * time.Second
+	publishTimeout = 30 * time.Second
 	// retryMin and retryMax bound the backoff after an infrastructure error or a failed
 	// dead-letter produce; the record is retried, never skipped.
 	retryMin = 100 * time.Millisecond

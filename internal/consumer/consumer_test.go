@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -186,12 +187,10 @@ func TestSinkErrorIsRetriedUntilSuccess(t *testing.T) {
 func TestSinkDownFailsToDeadLetterAndTheRetryCommandProcessesIt(t *testing.T) {
 	database(t)
 	seeds := cluster(t, 1)
-	var down = true
-	var downMu = make(chan struct{}, 1)
-	downMu <- struct{}{}
-	isDown := func() bool { <-downMu; defer func() { downMu <- struct{}{} }(); return down }
+	var down atomic.Bool
+	down.Store(true)
 	s := newSink(t, func(id string, attempt int) int {
-		if isDown() {
+		if down.Load() {
 			return 503
 		}
 		return 200
@@ -214,9 +213,7 @@ func TestSinkDownFailsToDeadLetterAndTheRetryCommandProcessesIt(t *testing.T) {
 		t.Fatalf("dead letter %+v, want ListenerFailed of order/down-o1", l)
 	}
 
-	<-downMu
-	down = false
-	downMu <- struct{}{}
+	down.Store(false)
 	conn, err := ConnectionOptions(&inbox.Spec.Kafka, Kafka{})
 	if err != nil {
 		t.Fatal(err)

@@ -221,7 +221,9 @@ func (p *processor) publish(w *worker, l deadletter.Letter) bool {
 		if attempt > 0 && !w.wait(backoff(attempt-1)) {
 			return false
 		}
-		err := p.publisher.Publish(p.c.work, l)
+		ctx, cancel := context.WithTimeout(p.c.work, min(publishTimeout, p.c.recordTimeout))
+		err := p.publisher.Publish(ctx, l)
+		cancel()
 		if err == nil {
 			return true
 		}
