@@ -383,3 +383,26 @@ func createTopic(t testing.TB, seeds []string, topic string) {
 		t.Fatal(err)
 	}
 }
+
+func TestStructuredModeRecordReachesTheSinkInBinaryMode(t *testing.T) {
+	database(t)
+	seeds := cluster(t, 1)
+	s := newSink(t, nil)
+	r := startConsumer(t, testInbox(t, seeds, "g-structured", s.srv.URL, sinkOpts{}), "structured-1")
+	produce(t, seeds, &kgo.Record{
+		Topic: "orders", Key: []byte("st-o1"),
+		Headers: []kgo.RecordHeader{{Key: "content-type", Value: []byte("application/cloudevents+json")}},
+		Value: []byte(`{"specversion":"1.0","id":"st-1","source":"/shop","type":"OrderCreated",
+			"datacontenttype":"application/json","data":{"orderId":"st-o1","total":12.5}}`),
+	})
+	waitUntil(t, "the record was processed", func() bool { return r.events.count("") == 1 })
+	ds := s.deliveries()
+	if len(ds) != 1 {
+		t.Fatalf("sink saw %d requests, want 1", len(ds))
+	}
+	d := ds[0]
+	if d.ID != "st-1" || d.Type != "OrderCreated" || d.ContextID != "st-o1" || d.ContentType != "application/json" ||
+		d.Body != `{"orderId":"st-o1","total":12.5}` {
+		t.Fatalf("delivery %+v, want the event's data as body with its attributes as ce- headers", d)
+	}
+}
