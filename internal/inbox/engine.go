@@ -215,7 +215,7 @@ func (e *Engine) Process(ctx context.Context, rec Record) (Result, error) {
 	}
 	msg := Message{Sequence: mt.Sequence.Name, ContextID: rec.ContextID, QualifiedType: qualified, Record: rec}
 	if !rec.Sequenced || rec.ContextID == "" {
-		return e.deliverUnsequenced(ctx, msg), nil
+		return e.deliverUnsequenced(ctx, msg)
 	}
 	if rec.IdempotenceID == "" {
 		return Result{}, fmt.Errorf("process %s in %s/%s: %w", qualified, mt.Sequence.Name, rec.ContextID, ErrNoIdempotenceID)
@@ -255,13 +255,19 @@ func (e *Engine) Process(ctx context.Context, rec Record) (Result, error) {
 }
 
 // deliverUnsequenced hands a record that is not sequenced straight to the listener (SPEC §3.2).
-func (e *Engine) deliverUnsequenced(ctx context.Context, msg Message) Result {
+func (e *Engine) deliverUnsequenced(ctx context.Context, msg Message) (Result, error) {
 	lctx, cancel := context.WithTimeout(ctx, e.cfg.ListenerDeadline)
 	defer cancel()
-	if err := e.invokeListener(lctx, msg); err != nil {
-		return Result{Outcome: Failed, ListenerErr: err}
+	err := e.invokeListener(lctx, msg)
+	switch {
+	case ctx.Err() != nil:
+		// The caller abandoned the record: not the listener's failure.
+		return Result{}, fmt.Errorf("deliver %s/%s unsequenced: %w", msg.QualifiedType, msg.Record.IdempotenceID, ctx.Err())
+	case err != nil:
+		return Result{Outcome: Failed, ListenerErr: err}, nil
+	default:
+		return Result{Outcome: Bypassed}, nil
 	}
-	return Result{Outcome: Bypassed}
 }
 
 // invokeListener calls the listener and records latency, failures and consumption.
