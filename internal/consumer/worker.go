@@ -208,7 +208,6 @@ func (p *processor) deadLetterRecord(w *worker, r *kgo.Record, rec inbox.Record,
 	if !p.publish(w, l) {
 		return false
 	}
-	p.c.log.Info("record dead-lettered", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "reason", reason, "error", err.Error())
 	ev.Outcome, ev.Reason = OutcomeDeadLettered, reason
 	p.report(ev)
 	return true
@@ -225,6 +224,8 @@ func (p *processor) publish(w *worker, l deadletter.Letter) bool {
 		err := p.publisher.Publish(ctx, l)
 		cancel()
 		if err == nil {
+			p.c.log.Info("dead-lettered", "topic", l.Origin.Topic, "partition", l.Origin.Partition, "offset", l.Origin.Offset,
+				"reason", l.Reason, "message", l.Message, "sequence", l.Sequence, "context", l.ContextID)
 			return true
 		}
 		if p.c.work.Err() != nil {
