@@ -216,6 +216,9 @@ func (li *lockedInstance) runActions(ctx context.Context) (int, error) {
 		done++
 	}
 	if seq, ok := li.e.set.Sequence(li.name); ok {
+		if err := li.readState(ctx); err != nil {
+			return done, err
+		}
 		if err := li.releaseReady(ctx, seq); err != nil {
 			return done, err
 		}
@@ -257,10 +260,10 @@ func (li *lockedInstance) runMessageAction(ctx context.Context, a pendingMessage
 }
 
 func (li *lockedInstance) runInstanceAction(ctx context.Context, a InstanceAction) error {
-	st, err := li.readState(ctx)
-	if err != nil {
+	if err := li.readState(ctx); err != nil {
 		return err
 	}
+	st := li.state
 	switch a {
 	case ActionConsumeAll:
 		for _, w := range st.waiting {
@@ -288,7 +291,8 @@ func (li *lockedInstance) runInstanceAction(ctx context.Context, a InstanceActio
 			li.failures = append(li.failures, Failure{Message: s.msg, Origin: s.msg.Record.Origin,
 				Err: errors.New("sequence closed without delivery")})
 		}
-		return li.close(ctx)
+		li.close()
+		return nil
 	default:
 		li.e.log.Info("unknown instance action cleared", "action", a, "sequence", li.name, "context", li.contextID)
 		if _, err := li.conn.Exec(ctx, clearInstanceActionSQL, li.id); err != nil {

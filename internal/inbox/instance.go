@@ -12,50 +12,45 @@ import (
 	"github.com/seqinbox/seqinbox/internal/sequence"
 )
 
-// selectInstanceSQL finds an existing instance; tried first because most records belong to an
-// instance that exists, and a read needs no commit.
-const selectInstanceSQL = `SELECT id FROM sequence_instance WHERE name = $1 AND context_id = $2`
-
-// insertInstanceSQL creates an instance; a concurrent creator makes it return no row, and the
-// re-read in the next statement (a new snapshot at READ COMMITTED) finds the winner's row.
+// insertInstanceSQL creates an instance. Against an existing or concurrently created row it
+// returns no row; the re-read in the next statement (a new snapshot at READ COMMITTED) finds it.
 const insertInstanceSQL = `INSERT INTO sequence_instance (name, context_id, retain_until)
 VALUES ($1, $2, $3)
 ON CONFLICT (name, context_id) DO NOTHING
 RETURNING id`
 
+// selectInstanceSQL re-reads an instance that the insert found existing.
+const selectInstanceSQL = `SELECT id FROM sequence_instance WHERE name = $1 AND context_id = $2`
+
 // getOrCreateInstance returns the id of the instance of (sequence, contextID), creating it in its
 // own single-statement transaction (SPEC §3.3). It runs outside T1 so that the new instance row is
 // committed before any claim references it and no claim holder blocks other creators. Known ids
-// come from the cache; a cached id whose instance housekeeping deleted fails the claim insert's
+// come from the cache, so the insert is tried first: an instance this engine does not know yet is
+// usually a new one. A cached id whose instance housekeeping deleted fails the claim insert's
 // foreign key, and Process evicts it and asks again.
 func (e *Engine) getOrCreateInstance(ctx context.Context, q querier, seq *sequence.Sequence, contextID string) (int64, error) {
 	key := instanceKey{seq.Name, contextID}
 	if id, ok := e.instances.get(key); ok {
 		return id, nil
 	}
-	// Two rounds suffice unless housekeeping deletes the winner's row between its insert and our
-	// re-read; a third covers that, a fourth would mean something is badly wrong.
-	for range maxInstanceAttempts + 1 {
+	// The re-read misses only when housekeeping deleted the row between insert and re-read.
+	for range maxInstanceAttempts {
 		var id int64
-		err := q.QueryRow(ctx, selectInstanceSQL, seq.Name, contextID).Scan(&id)
-		if err == nil {
-			e.instances.put(key, id)
-			return id, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return 0, fmt.Errorf("instance %s/%s: read: %w", seq.Name, contextID, err)
-		}
 		retainUntil := e.clock.Now().Add(seq.Retention)
-		err = q.QueryRow(ctx, insertInstanceSQL, seq.Name, contextID, retainUntil).Scan(&id)
-		if err == nil {
-			e.instances.put(key, id)
-			return id, nil
+		err := q.QueryRow(ctx, insertInstanceSQL, seq.Name, contextID, retainUntil).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = q.QueryRow(ctx, selectInstanceSQL, seq.Name, contextID).Scan(&id)
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return 0, fmt.Errorf("instance %s/%s: create: %w", seq.Name, contextID, err)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
 		}
+		if err != nil {
+			return 0, fmt.Errorf("instance %s/%s: %w", seq.Name, contextID, err)
+		}
+		e.instances.put(key, id)
+		return id, nil
 	}
-	return 0, fmt.Errorf("instance %s/%s: created and deleted concurrently %d times", seq.Name, contextID, maxInstanceAttempts+1)
+	return 0, fmt.Errorf("instance %s/%s: created and deleted concurrently %d times", seq.Name, contextID, maxInstanceAttempts)
 }
 
 // instanceKey identifies an instance.

@@ -71,6 +71,10 @@ type lockedInstance struct {
 	contextID string
 	open      bool
 	action    *string
+	// closing is set when the instance is to be closed; the update goes with the commit.
+	closing bool
+	// state is the instance state read last inside the lock transaction.
+	state instanceState
 	// idleSince is when the lock transaction ran its last statement: its lease runs from here.
 	idleSince time.Time
 	released  []Message
@@ -102,14 +106,16 @@ func (e *Engine) releaseUnderInstanceLock(ctx context.Context, conn *pgxpool.Con
 	return li.released, li.failures, nil
 }
 
-// lockInstance begins a transaction with the lock lease and locks the instance row. It returns
-// nil when the row is gone (or skipped as locked); the transaction is then still open.
+// lockInstance begins a transaction with the lock lease, locks the instance row and reads its
+// state, in one round trip. It returns nil when the row is gone (or skipped as locked); the
+// transaction is then still open.
 func (e *Engine) lockInstance(ctx context.Context, conn *pgxpool.Conn, instanceID int64, lockSQL string) (*lockedInstance, error) {
 	li := &lockedInstance{e: e, conn: conn, id: instanceID}
 	b := &pgx.Batch{}
 	b.Queue(beginReadCommittedSQL)
 	b.Queue(setIdleTimeoutSQL, millis(e.lockLease))
 	b.Queue(lockSQL, instanceID)
+	b.Queue(instanceStateSQL, instanceID)
 	br := conn.SendBatch(ctx, b)
 	found, err := func() (bool, error) {
 		if _, err := br.Exec(); err != nil {
@@ -125,6 +131,10 @@ func (e *Engine) lockInstance(ctx context.Context, conn *pgxpool.Conn, instanceI
 		if err != nil {
 			return false, fmt.Errorf("lock: %w", err)
 		}
+		// Read after the lock was granted: its snapshot sees every release committed before.
+		if li.state, err = scanInstanceState(br.QueryRow()); err != nil {
+			return false, fmt.Errorf("read state: %w", err)
+		}
 		return true, nil
 	}()
 	if closeErr := br.Close(); err == nil {
@@ -138,45 +148,39 @@ func (e *Engine) lockInstance(ctx context.Context, conn *pgxpool.Conn, instanceI
 }
 
 // readState reads the instance state inside the lock transaction; it also restarts the lease.
-func (li *lockedInstance) readState(ctx context.Context) (instanceState, error) {
+func (li *lockedInstance) readState(ctx context.Context) error {
 	st, err := scanInstanceState(li.conn.QueryRow(ctx, instanceStateSQL, li.id))
 	if err != nil {
-		return instanceState{}, fmt.Errorf("read state: %w", err)
+		return fmt.Errorf("read state: %w", err)
 	}
-	li.idleSince = time.Now()
-	return st, nil
+	li.state, li.idleSince = st, time.Now()
+	return nil
 }
 
 // releaseReady releases WAITING messages whose condition holds, oldest first, re-reading the
 // state after each one (the release may satisfy another condition, and messages committed in
-// the meantime become visible), then closes the instance if it is complete.
+// the meantime become visible), then marks the instance for closing if it is complete.
 func (li *lockedInstance) releaseReady(ctx context.Context, seq *sequence.Sequence) error {
 	for {
-		st, err := li.readState(ctx)
-		if err != nil {
-			return err
-		}
-		w, ok := st.nextReleasable(seq)
+		w, ok := li.state.nextReleasable(seq)
 		if !ok {
-			if li.open && seq.Complete(st.processed) {
-				return li.close(ctx)
+			if li.open && seq.Complete(li.state.processed) {
+				li.close()
 			}
 			return nil
 		}
 		if err := li.deliverStored(ctx, w.id, stateWaiting); err != nil {
 			return err
 		}
+		if err := li.readState(ctx); err != nil {
+			return err
+		}
 	}
 }
 
-// close closes the instance inside the lock transaction.
-func (li *lockedInstance) close(ctx context.Context) error {
-	if _, err := li.conn.Exec(ctx, closeInstanceSQL, li.id); err != nil {
-		return fmt.Errorf("close: %w", err)
-	}
-	li.open = false
-	li.idleSince = time.Now()
-	return nil
+// close marks the instance for closing; commit writes it.
+func (li *lockedInstance) close() {
+	li.open, li.closing = false, true
 }
 
 // storedRecord is a stored message with its raw record.
@@ -271,14 +275,31 @@ func (li *lockedInstance) releaseStateConn() {
 	}
 }
 
-// commit ends the lock transaction.
+// commit ends the lock transaction, closing the instance in the same round trip if marked.
 func (li *lockedInstance) commit(ctx context.Context) error {
-	tag, err := li.conn.Exec(ctx, commitSQL)
-	if err != nil {
-		return fmt.Errorf("commit: %w", err)
+	b := &pgx.Batch{}
+	if li.closing {
+		b.Queue(closeInstanceSQL, li.id)
 	}
-	if tag.String() != commitSQL {
-		return fmt.Errorf("commit: transaction was rolled back (%s)", tag)
+	b.Queue(commitSQL)
+	br := li.conn.SendBatch(ctx, b)
+	err := func() error {
+		if li.closing {
+			if _, err := br.Exec(); err != nil {
+				return fmt.Errorf("close: %w", err)
+			}
+		}
+		tag, err := br.Exec()
+		if err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+		if tag.String() != commitSQL {
+			return fmt.Errorf("commit: transaction was rolled back (%s)", tag)
+		}
+		return nil
+	}()
+	if closeErr := br.Close(); err == nil {
+		err = closeErr
 	}
-	return nil
+	return err
 }
