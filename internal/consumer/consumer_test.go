@@ -406,3 +406,34 @@ func TestStructuredModeRecordReachesTheSinkInBinaryMode(t *testing.T) {
 		t.Fatalf("delivery %+v, want the event's data as body with its attributes as ce- headers", d)
 	}
 }
+
+func TestBufferedMessageWhoseReleaseFailsIsDeadLettered(t *testing.T) {
+	database(t)
+	seeds := cluster(t, 1)
+	s := newSink(t, func(id string, attempt int) int {
+		if id == "rf-paid" {
+			return 422 // final: not retried
+		}
+		return 200
+	})
+	r := startConsumer(t, testInbox(t, seeds, "g-relfail", s.srv.URL, sinkOpts{retries: 2}), "relfail-1")
+	produce(t, seeds, event(0, "OrderPaid", "rf-paid", "rf-o1"), event(0, "OrderCreated", "rf-created", "rf-o1"))
+	waitUntil(t, "both records were processed", func() bool { return r.events.count("") == 2 })
+
+	created := r.events.all()[1]
+	if created.Outcome != "Delivered" || created.ReleaseFailures != 1 || created.Released != 0 {
+		t.Fatalf("Created: %+v, want Delivered with one failed release", created)
+	}
+	letters := readTopic(t, seeds, "orders.dlq")
+	if len(letters) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(letters))
+	}
+	l := deadletter.Read(letters[0])
+	if l.Reason != deadletter.ReasonReleaseFailed || l.Origin.Offset != 0 || l.Sequence != "order" || l.ContextID != "rf-o1" ||
+		headerOf(letters[0], "ce_id") != "rf-paid" || string(letters[0].Value) != `{"orderId":"rf-o1"}` {
+		t.Fatalf("dead letter %+v (ce_id %q), want the buffered Paid record from offset 0 as ReleaseFailed", l, headerOf(letters[0], "ce_id"))
+	}
+	if n := len(s.deliveries()); n != 2 {
+		t.Fatalf("sink saw %d requests, want 2 (Created, and Paid once: a 422 is final)", n)
+	}
+}

@@ -151,34 +151,49 @@ func (p *processor) handle(w *worker, r *kgo.Record) bool {
 		case errors.Is(err, inbox.ErrNoIdempotenceID):
 			return p.deadLetterRecord(w, r, rec, decode.ClassMissingIdempotenceID, err, ev)
 		case err != nil:
-			if c.work.Err() != nil {
+			// Buffered messages whose release failed before the error are FAILED already; a
+			// retry of this record would not find them again.
+			if !p.publishAll(w, releaseLetters(res)) || c.work.Err() != nil {
 				return false
 			}
 			c.metrics.retries.WithLabelValues("infrastructure").Inc()
 			c.log.Error(err, "processing failed; retrying the record", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "attempt", attempt+1)
 			continue
 		}
-		seq := p.sequenceOf(rec)
 		var letters []deadletter.Letter
 		if res.Outcome == inbox.Failed {
 			l := deadletter.FromKafka(r, deadletter.ReasonListenerFailed, res.ListenerErr)
-			l.Sequence, l.ContextID = seq, rec.ContextID
+			l.Sequence, l.ContextID = p.sequenceOf(rec), rec.ContextID
 			letters = append(letters, l)
 		}
-		for _, f := range res.ReleaseFailures {
-			l := deadletter.FromRecord(f.Message.Record, deadletter.ReasonReleaseFailed, f.Err)
-			l.Origin, l.Sequence, l.ContextID = f.Origin, f.Message.Sequence, f.Message.ContextID
-			letters = append(letters, l)
-		}
-		for _, l := range letters {
-			if !p.publish(w, l) {
-				return false
-			}
+		if !p.publishAll(w, append(letters, releaseLetters(res)...)) {
+			return false
 		}
 		ev.Outcome, ev.Released, ev.ReleaseFailures = res.Outcome.String(), len(res.Released), len(res.ReleaseFailures)
 		p.report(ev)
 		return true
 	}
+}
+
+// releaseLetters are the dead letters of the buffered messages whose release failed.
+func releaseLetters(res inbox.Result) []deadletter.Letter {
+	letters := make([]deadletter.Letter, 0, len(res.ReleaseFailures))
+	for _, f := range res.ReleaseFailures {
+		l := deadletter.FromRecord(f.Message.Record, deadletter.ReasonReleaseFailed, f.Err)
+		l.Origin, l.Sequence, l.ContextID = f.Origin, f.Message.Sequence, f.Message.ContextID
+		letters = append(letters, l)
+	}
+	return letters
+}
+
+// publishAll publishes letters in order; false when abandoned.
+func (p *processor) publishAll(w *worker, letters []deadletter.Letter) bool {
+	for _, l := range letters {
+		if !p.publish(w, l) {
+			return false
+		}
+	}
+	return true
 }
 
 // process runs the engine on one record within the record timeout, holding an in-flight token.
