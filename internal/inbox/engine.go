@@ -93,7 +93,9 @@ type Outcome int
 const (
 	// Delivered means the claim was won, the listener accepted the message, its state is PROCESSED.
 	Delivered Outcome = iota + 1
-	// Buffered means the claim was won, the release condition does not hold yet; the message is WAITING.
+	// Buffered means the claim was won but the release condition did not hold; the message was
+	// stored WAITING. If its predecessor was processed meanwhile, this record's own release
+	// delivered it already, and it is in Result.Released.
 	Buffered
 	// Duplicate means another delivery holds or held the claim, or the message is already WAITING or
 	// PROCESSED; the listener was not called.
