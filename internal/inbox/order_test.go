@@ -268,3 +268,36 @@ func TestReleaseTransactionIsSkippedWhenNothingIsReleasable(t *testing.T) {
 		t.Fatalf("instance = %s, want CLOSED", s)
 	}
 }
+
+// A message can be buffered (its T1 read the processed types before its predecessor's commit)
+// while a T2 closes the now complete instance. Its condition holds, so it must still be
+// released; the state is built directly, as the race leaves it.
+func TestWaitingMessageOfAClosedInstanceIsStillReleased(t *testing.T) {
+	h := newHarness(t, chainSet())
+	for _, typ := range []string{"A", "B", "C"} {
+		h.process(h.rec(typ, typ+"1", "x"))
+	}
+	if s := h.instanceState("chain", "x"); s != "CLOSED" {
+		t.Fatalf("instance = %s, want CLOSED", s)
+	}
+	late := h.rec("C", "c2", "x")
+	headers, err := encodeHeaders(late.Headers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.pool.Exec(context.Background(), `WITH m AS (
+  INSERT INTO sequenced_message (sequence_instance_id, message_type, idempotence_id, state)
+  SELECT id, 'C', $2, 'WAITING' FROM sequence_instance WHERE name = 'chain' AND context_id = $1
+  RETURNING id, sequence_instance_id)
+INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
+SELECT sequence_instance_id, id, $3, $4, $5 FROM m`, late.ContextID, late.IdempotenceID, late.Key, late.Value, headers); err != nil {
+		t.Fatal(err)
+	}
+	res := h.process(h.rec("A", "A1", "x"))
+	if res.Outcome != Duplicate || len(res.Released) != 1 || res.Released[0].Record.IdempotenceID != late.IdempotenceID {
+		t.Fatalf("duplicate A = %v released %v, want Duplicate releasing the late C", res.Outcome, types(res.Released))
+	}
+	if s := h.states("C", "c2"); !slices.Equal(s, []string{stateProcessed}) {
+		t.Fatalf("late C = %v, want PROCESSED", s)
+	}
+}
