@@ -54,7 +54,7 @@ func usage() {
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		fmt.Fprintf(os.Stderr, "  %-10s %s\n", name, commands[name].summary)
+		fmt.Fprintf(os.Stderr, "  %-12s %s\n", name, commands[name].summary)
 	}
 	fmt.Fprintln(os.Stderr, "\nRun 'seqinbox <command> -h' for the flags of a command.")
 }
