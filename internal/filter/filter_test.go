@@ -157,8 +157,12 @@ func TestProgramEvaluatesConcurrently(t *testing.T) {
 				n := g*iterations + i
 				in := Input{Headers: map[string]string{"n": fmt.Sprint(n)}, Payload: fmt.Appendf(nil, `{"n":%d}`, n)}
 				got, err := p.Eval(in)
-				if err != nil || got != (n%2 == 0) {
-					errs <- fmt.Errorf("n=%d: got %v, %v; want %v", n, got, err, n%2 == 0)
+				if err != nil {
+					errs <- fmt.Errorf("n=%d: %w", n, err)
+					return
+				}
+				if got != (n%2 == 0) {
+					errs <- fmt.Errorf("n=%d: got %v, want %v", n, got, n%2 == 0)
 					return
 				}
 			}
