@@ -62,7 +62,7 @@ postgres: ## Find or start the PostgreSQL server the tests use and print its URL
 	@hack/postgres.sh
 
 .PHONY: test
-test: verify vet envtest ## Run every test against real PostgreSQL, envtest and kfake (includes verify).
+test: verify vet lint envtest ## Run every test against real PostgreSQL, envtest and kfake (includes verify and lint).
 	SEQINBOX_TEST_DATABASE_URL="$$(hack/postgres.sh)" KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" \
 		go test $(GOTEST_FLAGS) ./...
 

@@ -3,6 +3,7 @@ package fence_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -257,7 +258,7 @@ func TestCheckSchema(t *testing.T) {
 	if !errors.Is(err, fence.ErrSchemaOlder) {
 		t.Fatalf("older schema: %v, want ErrSchemaOlder", err)
 	}
-	for _, want := range []string{"version 2 is older than version 3", "run `seqinbox migrate`"} {
+	for _, want := range []string{fmt.Sprintf("version %d is older than version %d", migrations.Latest()-1, migrations.Latest()), "run `seqinbox migrate`"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("older schema error %q does not say %q", err, want)
 		}
