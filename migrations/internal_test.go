@@ -52,11 +52,7 @@ func TestEmbeddedMigrationsLoad(t *testing.T) {
 
 func TestFailingMigrationLeavesNeitherItsTablesNorItsLedgerRow(t *testing.T) {
 	ctx := context.Background()
-	url, drop, err := testenv.NewDatabase(ctx, "migrations_fail")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer drop()
+	url := testenv.FreshDatabase(t, "migrations_fail")
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
@@ -95,11 +91,7 @@ func TestFailingMigrationLeavesNeitherItsTablesNorItsLedgerRow(t *testing.T) {
 
 func TestEditedFileIsDetectedAgainstTheLedger(t *testing.T) {
 	ctx := context.Background()
-	url, drop, err := testenv.NewDatabase(ctx, "migrations_edit")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer drop()
+	url := testenv.FreshDatabase(t, "migrations_edit")
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)

@@ -21,12 +21,7 @@ func TestMain(m *testing.M) {
 // newDatabaseURL creates an empty database for one test, dropped when the test ends.
 func newDatabaseURL(t *testing.T) string {
 	t.Helper()
-	url, drop, err := testenv.NewDatabase(context.Background(), "migrations")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(drop)
-	return url
+	return testenv.FreshDatabase(t, "migrations")
 }
 
 // newPool opens a pool on url, closed when the test ends.

@@ -25,11 +25,7 @@ import (
 func migrateDatabase(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	url, drop, err := testenv.NewDatabase(ctx, "cmd_migrate")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(drop)
+	url := testenv.FreshDatabase(t, "cmd_migrate")
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatal(err)

@@ -179,11 +179,7 @@ func TestConsumerDoesNotFetchNextToALiveConsumerOfAnotherClaimProtocol(t *testin
 func TestConsumerWaitsForTheSchemaItNeeds(t *testing.T) {
 	database(t)
 	ctx := context.Background()
-	fresh, drop, err := testenv.NewDatabase(ctx, "consumer_schema")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(drop)
+	fresh := testenv.FreshDatabase(t, "consumer_schema")
 	seeds := cluster(t, 1)
 	s := newSink(t, nil)
 	produce(t, seeds, event(0, "OrderCreated", "schema-1", "schema-o1"))

@@ -215,13 +215,16 @@ func TestKafkaHelpersReadLagAndDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer producer.Close()
-	dl := &kgo.Record{Topic: "orders.dlq", Value: []byte("{"), Headers: []kgo.RecordHeader{
-		{Key: "ce_id", Value: []byte("evt-1005-paid")}, {Key: "ce_type", Value: []byte("OrderPaid")},
-		{Key: "seqinbox-dlq-reason", Value: []byte("InvalidJSON")}, {Key: "seqinbox-dlq-message", Value: []byte("unexpected end")},
-		{Key: "seqinbox-dlq-original-topic", Value: []byte("orders")}, {Key: "seqinbox-dlq-original-partition", Value: []byte("1")},
-		{Key: "seqinbox-dlq-original-offset", Value: []byte("12")}, {Key: "other", Value: []byte("x")},
-	}}
-	if err := producer.ProduceSync(ctx, dl, dl).FirstErr(); err != nil {
+	// franz-go owns a record while producing it: the two copies must be two records.
+	deadLetter := func() *kgo.Record {
+		return &kgo.Record{Topic: "orders.dlq", Value: []byte("{"), Headers: []kgo.RecordHeader{
+			{Key: "ce_id", Value: []byte("evt-1005-paid")}, {Key: "ce_type", Value: []byte("OrderPaid")},
+			{Key: "seqinbox-dlq-reason", Value: []byte("InvalidJSON")}, {Key: "seqinbox-dlq-message", Value: []byte("unexpected end")},
+			{Key: "seqinbox-dlq-original-topic", Value: []byte("orders")}, {Key: "seqinbox-dlq-original-partition", Value: []byte("1")},
+			{Key: "seqinbox-dlq-original-offset", Value: []byte("12")}, {Key: "other", Value: []byte("x")},
+		}}
+	}
+	if err := producer.ProduceSync(ctx, deadLetter(), deadLetter()).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	got, err := ReadDeadLetters(ctx, seeds, "orders.dlq")

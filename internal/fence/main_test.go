@@ -24,11 +24,7 @@ func TestMain(m *testing.M) {
 func migratedDatabase(t *testing.T, version int) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
-	url, drop, err := testenv.NewDatabase(ctx, "fence")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(drop)
+	url := testenv.FreshDatabase(t, "fence")
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatal(err)

@@ -14,12 +14,7 @@ import (
 // newIsolatedHarness gives the test a database of its own, for assertions over whole tables.
 func newIsolatedHarness(t *testing.T, set *sequence.Set, opts ...harnessOption) *harness {
 	t.Helper()
-	url, drop, err := testenv.NewDatabase(context.Background(), "inbox_isolated")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(drop)
-	return newHarnessOn(t, url, set, opts...)
+	return newHarnessOn(t, testenv.FreshDatabase(t, "inbox_isolated"), set, opts...)
 }
 
 func (h *harness) housekeep(hc HousekeepingConfig, dl DeadLetterer) HousekeepingReport {

@@ -110,3 +110,15 @@ func redact(raw string) string {
 	}
 	return u.Redacted()
 }
+
+// FreshDatabase creates an empty database for one test (for tests that need a schema of their
+// own) and drops it when the test ends.
+func FreshDatabase(t testing.TB, prefix string) string {
+	t.Helper()
+	dbURL, drop, err := NewDatabase(context.Background(), prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(drop)
+	return dbURL
+}
