@@ -1,5 +1,6 @@
 // Package v1alpha1 contains the SequentialInbox API, the one source of truth for a
-// sequential inbox declaration (read by the operator and by `seqinbox consume`).
+// sequential inbox declaration (read by the operator and by `seqinbox consume`), and the
+// SequentialInboxAction API through which operator actions are requested.
 // +kubebuilder:object:generate=true
 // +groupName=inbox.seqinbox.dev
 package v1alpha1
@@ -23,7 +24,8 @@ var (
 )
 
 func addKnownTypes(scheme *runtime.Scheme) error {
-	scheme.AddKnownTypes(GroupVersion, &SequentialInbox{}, &SequentialInboxList{})
+	scheme.AddKnownTypes(GroupVersion, &SequentialInbox{}, &SequentialInboxList{},
+		&SequentialInboxAction{}, &SequentialInboxActionList{})
 	metav1.AddToGroupVersion(scheme, GroupVersion)
 	return nil
 }

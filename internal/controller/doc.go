@@ -1,7 +1,8 @@
-// Package controller reconciles SequentialInbox resources (SPEC §8). It never talks SQL itself:
-// the database is reached only through `seqinbox migrate` Jobs from the target image, whose JSON
-// reports it reads back from the Jobs' termination messages, and Kafka only through the
-// GroupInspector interface.
+// Package controller reconciles SequentialInbox resources (SPEC §8) and records the operator
+// actions requested as SequentialInboxAction resources (SPEC §6). It never talks SQL itself: the
+// database is reached only through `seqinbox migrate` and `seqinbox action` Jobs from the inbox's
+// image, whose JSON reports it reads back from the Jobs' termination messages, and Kafka only
+// through the GroupInspector interface.
 //
 // # One pass
 //
@@ -51,4 +52,15 @@
 // attempt is a new Job named <inbox>-<probe|migrate>-<key>-<attempt>, with no retries of its own
 // (backoffLimit 0). A failed attempt is reported with the Job's reason and the container's
 // message, and followed by the next attempt after an exponential backoff on the injected clock.
+//
+// # Operator actions
+//
+// A SequentialInboxAction (action_controller.go) is one request, immutable: the ActionReconciler
+// runs one Job <inbox>-action-<hash of the action's UID>-1, owned by the action, from the inbox's
+// image with the migration Job's pod and the database Secret; `seqinbox action` records the
+// action as pending in the database (a consumer executes it) and writes an ActionReport to the
+// termination message. The action's phase then becomes Recorded, or Failed with the report's
+// error (e.g. the target does not exist) or the Job's failure; both are final, and a missing
+// inbox is waited for. The Job is not retried: recording again what a consumer may already have
+// executed is for a person to decide, with a new SequentialInboxAction.
 package controller

@@ -50,11 +50,12 @@ type jobOutcome struct {
 	retryIn time.Duration
 }
 
-// jobRequest is one kind of Job run from the target image: `seqinbox migrate` with args.
+// jobRequest is one kind of Job run from the target image: `seqinbox <args>`.
 type jobRequest struct {
 	component string
 	run       *v1alpha1.JobRunStatus
-	args      []string
+	// args start with the subcommand (migrate, action).
+	args []string
 	// annotations are recorded on the Job when it is created.
 	annotations map[string]string
 }
@@ -249,7 +250,7 @@ func buildJob(inbox *v1alpha1.SequentialInbox, image string, req jobRequest, nam
 					Containers: []corev1.Container{{
 						Name:                     jobContainer,
 						Image:                    image,
-						Args:                     append([]string{"migrate"}, req.args...),
+						Args:                     req.args,
 						Env:                      []corev1.EnvVar{databaseURLEnv(inbox)},
 						TerminationMessagePath:   corev1.TerminationMessagePathDefault,
 						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
@@ -262,9 +263,9 @@ func buildJob(inbox *v1alpha1.SequentialInbox, image string, req jobRequest, nam
 	}
 }
 
-// reportArgs makes `seqinbox migrate` print its JSON report into the termination message.
+// reportArgs runs `seqinbox migrate`, printing its JSON report into the termination message.
 func reportArgs(extra ...string) []string {
-	return append([]string{"--output", "json", "--termination-message-path", corev1.TerminationMessagePathDefault}, extra...)
+	return append([]string{"migrate", "--output", "json", "--termination-message-path", corev1.TerminationMessagePathDefault}, extra...)
 }
 
 // deleteSupersededJobs removes the Jobs of a component other than keep: finished attempts and

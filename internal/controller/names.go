@@ -26,11 +26,13 @@ const (
 	jobNameLabel = "batch.kubernetes.io/job-name"
 )
 
-// Components: the consumer pods and the two kinds of Jobs run from the target image.
+// Components: the consumer pods and the kinds of Jobs run from the target image.
 const (
 	componentConsumer  = "consumer"
 	componentProbe     = "probe"
 	componentMigration = "migration"
+	// componentAction: the Jobs that record the operator actions of SequentialInboxAction resources.
+	componentAction = "action"
 )
 
 // Annotations the operator writes; the pod template's engine annotations are how a later pass

@@ -94,11 +94,14 @@ func NewReconciler(c client.Client, apiReader client.Reader, recorder events.Eve
 	return &Reconciler{Client: c, APIReader: apiReader, Recorder: recorder, Options: opts}
 }
 
-// Setup registers a Reconciler with the manager, using the manager's client, API reader and an
-// event recorder named after the operator.
+// Setup registers the SequentialInbox Reconciler and the SequentialInboxAction reconciler with
+// the manager, using the manager's client, API reader and an event recorder named after the operator.
 func Setup(mgr ctrl.Manager, opts Options) error {
 	r := NewReconciler(mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder(fieldOwner), opts)
-	return r.SetupWithManager(mgr)
+	if err := r.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	return NewActionReconciler(r).SetupWithManager(mgr)
 }
 
 // CacheOptions limit the manager's cache to the objects the operator created (by their

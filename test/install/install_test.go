@@ -133,7 +133,7 @@ func TestInstallBundleIsAcceptedAndItsRBACRunsTheOperator(t *testing.T) {
 			t.Errorf("%s %s is in namespace %s, want %s", obj.GetKind(), obj.GetName(), ns, namespace)
 		}
 	}
-	for kind, want := range map[string]int{"Namespace": 1, "CustomResourceDefinition": 1, "ServiceAccount": 1, "ClusterRole": 3,
+	for kind, want := range map[string]int{"Namespace": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "ClusterRole": 3,
 		"ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1, "Deployment": 1, "Service": 1} {
 		if kinds[kind] != want {
 			t.Errorf("the bundle has %d %s, want %d", kinds[kind], kind, want)
@@ -152,6 +152,11 @@ func TestInstallBundleIsAcceptedAndItsRBACRunsTheOperator(t *testing.T) {
 		{authorizationv1.ResourceAttributes{Verb: "update", Group: "inbox.seqinbox.dev", Resource: "sequentialinboxes", Namespace: "shop"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "create", Resource: "pods", Namespace: "shop"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "create", Group: "batch", Resource: "jobs", Namespace: "shop"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "watch", Group: "inbox.seqinbox.dev", Resource: "sequentialinboxactions", Namespace: "shop"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "patch", Group: "inbox.seqinbox.dev", Resource: "sequentialinboxactions", Subresource: "status", Namespace: "shop"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Group: "inbox.seqinbox.dev", Resource: "sequentialinboxactions", Subresource: "finalizers", Namespace: "shop"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "create", Group: "inbox.seqinbox.dev", Resource: "sequentialinboxactions", Namespace: "shop"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "update", Group: "inbox.seqinbox.dev", Resource: "sequentialinboxactions", Namespace: "shop"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: namespace}, true},
 		{authorizationv1.ResourceAttributes{Verb: "update", Group: "coordination.k8s.io", Resource: "leases", Namespace: "shop"}, false},
 	} {

@@ -1,7 +1,7 @@
 // Package clustersim plays, for tests and benchmarks against envtest, the parts of a cluster that
 // envtest does not run but the operator waits for: the Job controller with the kubelet (a Job's
-// pod terminates with the `seqinbox migrate` report as its termination message, then the Job is
-// Complete or Failed) and the Deployment controller (every replica becomes available).
+// pod terminates with the `seqinbox migrate` or `seqinbox action` report as its termination
+// message, then the Job is Complete or Failed) and the Deployment controller (every replica becomes available).
 package clustersim
 
 import (
@@ -34,7 +34,13 @@ func CompleteJob(ctx context.Context, c client.Client, job *batchv1.Job, report 
 	if err != nil {
 		return fmt.Errorf("encode report: %w", err)
 	}
-	if err := terminatePod(ctx, c, job, corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: string(message)}); err != nil {
+	return CompleteJobWithMessage(ctx, c, job, string(message))
+}
+
+// CompleteJobWithMessage ends a Job successfully with message as its container's termination
+// message, for Jobs that report something else than a migration (`seqinbox action`).
+func CompleteJobWithMessage(ctx context.Context, c client.Client, job *batchv1.Job, message string) error {
+	if err := terminatePod(ctx, c, job, corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: message}); err != nil {
 		return err
 	}
 	now := metav1.Now()
