@@ -23,11 +23,7 @@ import (
 func actionDatabase(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	url, drop, err := testenv.NewDatabase(ctx, "cmd_action")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(drop)
+	url := testenv.FreshDatabase(t, "cmd_action")
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatal(err)
