@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -45,7 +46,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func validInbox(name string) *v1alpha1.SequentialInbox {
+// created counts the inboxes built, so that names stay unique when the tests run repeatedly (-count).
+var created atomic.Int32
+
+func validInbox(prefix string) *v1alpha1.SequentialInbox {
+	name := fmt.Sprintf("%s-%d", prefix, created.Add(1))
 	return &v1alpha1.SequentialInbox{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 		Spec: v1alpha1.SequentialInboxSpec{
