@@ -59,13 +59,7 @@ const waitTimeout = 90 * time.Second
 
 func waitUntil(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting until %s", waitTimeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.WaitUntil(t, what, waitTimeout, cond)
 }
 
 // inboxYAML is the declaration of the tests: an order sequence Created → Paid → Shipped, plus a

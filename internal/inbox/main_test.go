@@ -298,13 +298,7 @@ func (h *harness) instanceState(seq, contextID string) string {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.WaitUntil(t, what, 20*time.Second, cond)
 }
 
 // blockedClaimInserts returns the backends of this database whose claim insert waits for a lock
