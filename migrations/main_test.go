@@ -1,7 +1,6 @@
 package migrations_test
 
 import (
-	"context"
 	"os"
 	"testing"
 
@@ -27,12 +26,7 @@ func newDatabaseURL(t *testing.T) string {
 // newPool opens a pool on url, closed when the test ends.
 func newPool(t *testing.T, url string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return testenv.Pool(t, url)
 }
 
 // newDatabase creates an empty database for one test and returns a pool on it.

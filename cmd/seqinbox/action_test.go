@@ -14,7 +14,6 @@ import (
 
 	"github.com/seqinbox/seqinbox/internal/controller"
 	"github.com/seqinbox/seqinbox/internal/inbox"
-	"github.com/seqinbox/seqinbox/internal/testenv"
 	"github.com/seqinbox/seqinbox/migrations"
 )
 
@@ -23,16 +22,11 @@ import (
 func actionDatabase(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	url := testenv.FreshDatabase(t, "cmd_action")
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	url, pool := migrateDatabase(t)
 	if _, err := migrations.Apply(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	_, err = pool.Exec(ctx, `
+	_, err := pool.Exec(ctx, `
 		WITH i AS (
 			INSERT INTO sequence_instance (name, context_id, retain_until)
 			VALUES ('order', 'o-1', now() + interval '1 hour'), ('order', 'o-2', now() + interval '1 hour')

@@ -24,14 +24,8 @@ import (
 // migrateDatabase creates an empty database for one test; it returns its URL and a pool on it.
 func migrateDatabase(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
-	ctx := context.Background()
 	url := testenv.FreshDatabase(t, "cmd_migrate")
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return url, pool
+	return url, testenv.Pool(t, url)
 }
 
 func allVersions() []int {

@@ -24,12 +24,7 @@ func TestMain(m *testing.M) {
 func migratedDatabase(t *testing.T, version int) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
-	url := testenv.FreshDatabase(t, "fence")
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testenv.Pool(t, testenv.FreshDatabase(t, "fence"))
 	if version == 0 {
 		version = migrations.Latest()
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // DatabaseURLEnv names the variable that points tests at a PostgreSQL server (any database on it;
@@ -121,4 +122,15 @@ func FreshDatabase(t testing.TB, prefix string) string {
 	}
 	t.Cleanup(drop)
 	return dbURL
+}
+
+// Pool opens a pgx pool on dbURL for one test and closes it when the test ends.
+func Pool(t testing.TB, dbURL string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatalf("open a pool on the test database: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
