@@ -4,22 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/controller"
+	"github.com/seqinbox/seqinbox/internal/fence"
 	"github.com/seqinbox/seqinbox/internal/inbox"
 	"github.com/seqinbox/seqinbox/migrations"
 )
-
-func init() {
-	commands["action"] = command{summary: "record an operator action on a message or an instance for the consumers to execute", run: runAction}
-}
 
 // actionRequest is one operator action and its target, as the flags of `seqinbox action` name it.
 type actionRequest struct {
@@ -55,52 +52,78 @@ func (a actionRequest) validate() error {
 	return nil
 }
 
-func runAction(ctx context.Context, args []string) error {
-	return actionCommand(ctx, args, os.Stdout)
+func newActionCommand() *cobra.Command {
+	var (
+		req                                          actionRequest
+		databaseURL, action, output, terminationPath string
+	)
+	cmd := &cobra.Command{
+		Use:   "action --action ACTION (--type T --idempotence-id ID | --sequence S --context-id C)",
+		Short: "Record an operator action on a message or an instance for the consumers to execute",
+		Long: `Record an operator action as pending in the inbox's database; a consumer executes it at its
+next action run, through the same claim path as a delivery.
+
+  Consume     deliver a message now, whatever its state, then release its dependents
+  Expire      mark a message processed without delivering it; its dependents become releasable
+  ConsumeAll  deliver every buffered message of an instance, release conditions ignored
+  Close       close an instance without delivering its buffered messages
+
+In Kubernetes, create a SequentialInboxAction instead: the operator runs this command as a Job.`,
+		Example: `  # Deliver a stuck message now
+  seqinbox action --database-url postgres://app@localhost/orders \
+    --action Consume --type OrderPaid --idempotence-id order-42-paid
+
+  # Close the instance of order 42 without delivering what it buffers
+  seqinbox action --database-url postgres://app@localhost/orders \
+    --action Close --sequence order --context-id 42`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req.action = v1alpha1.ActionType(action)
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			if err := requireDatabaseURL(cmd, &databaseURL); err != nil {
+				return err
+			}
+			if err := req.validate(); err != nil {
+				return usageError{err}
+			}
+			return recordAndReport(cmd.Context(), databaseURL, req, output, terminationPath, cmd.OutOrStdout())
+		},
+	}
+	addDatabaseURLFlag(cmd, &databaseURL, "PostgreSQL database of the inbox")
+	cmd.Flags().StringVar(&action, "action", "", "Consume or Expire (a message), ConsumeAll or Close (an instance)")
+	_ = cmd.RegisterFlagCompletionFunc("action", cobra.FixedCompletions([]string{
+		string(v1alpha1.ActionConsume), string(v1alpha1.ActionExpire), string(v1alpha1.ActionConsumeAll), string(v1alpha1.ActionClose),
+	}, cobra.ShellCompDirectiveNoFileComp))
+	cmd.Flags().StringVar(&req.messageType, "type", "", "qualified message type of the message (Consume, Expire)")
+	cmd.Flags().StringVar(&req.idempotenceID, "idempotence-id", "", "idempotence ID of the message (Consume, Expire)")
+	cmd.Flags().StringVar(&req.sequence, "sequence", "", "sequence of the instance (ConsumeAll, Close)")
+	cmd.Flags().StringVar(&req.contextID, "context-id", "", "context ID of the instance (ConsumeAll, Close)")
+	addOutputFlag(cmd, &output)
+	cmd.Flags().StringVar(&terminationPath, "termination-message-path", "", "also write the JSON report here, within 4 KiB (Kubernetes termination message)")
+	return cmd
 }
 
-// actionCommand is `seqinbox action` with its output going to stdout.
-func actionCommand(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("action", flag.ContinueOnError)
-	databaseURL := fs.String("database-url", os.Getenv("SEQINBOX_DATABASE_URL"), "PostgreSQL database of the inbox (env SEQINBOX_DATABASE_URL)")
-	action := fs.String("action", "", "Consume or Expire (a message), ConsumeAll or Close (an instance)")
-	var req actionRequest
-	fs.StringVar(&req.messageType, "type", "", "qualified message type of the message (Consume, Expire)")
-	fs.StringVar(&req.idempotenceID, "idempotence-id", "", "idempotence ID of the message (Consume, Expire)")
-	fs.StringVar(&req.sequence, "sequence", "", "sequence of the instance (ConsumeAll, Close)")
-	fs.StringVar(&req.contextID, "context-id", "", "context ID of the instance (ConsumeAll, Close)")
-	output := fs.String("output", "text", "output format: text or json")
-	terminationPath := fs.String("termination-message-path", "", "also write the JSON report here, within 4 KiB (Kubernetes termination message)")
-	if err := fs.Parse(args); err != nil {
-		return errUsage
-	}
-	req.action = v1alpha1.ActionType(*action)
-	if *output != "text" && *output != "json" {
-		return fmt.Errorf("--output %q: use text or json", *output)
-	}
-	if *databaseURL == "" {
-		return errors.New("--database-url or SEQINBOX_DATABASE_URL is required")
-	}
-	if err := req.validate(); err != nil {
-		return err
-	}
-
+// recordAndReport records the action and writes its report: JSON or text to stdout, and JSON to
+// the termination message path when set (also on failure).
+func recordAndReport(ctx context.Context, databaseURL string, req actionRequest, output, terminationPath string, stdout io.Writer) error {
 	report := controller.ActionReport{Action: string(req.action), Target: req.target()}
-	runErr := recordAction(ctx, *databaseURL, req)
+	runErr := recordAction(ctx, databaseURL, req)
 	report.Recorded = runErr == nil
 	if runErr != nil {
 		report.Error = runErr.Error()
 	}
-	if *terminationPath != "" {
+	if terminationPath != "" {
 		b, err := report.EncodeWithin(migrations.TerminationMessageLimit)
 		if err == nil {
-			err = os.WriteFile(*terminationPath, b, 0o644)
+			err = os.WriteFile(terminationPath, b, 0o644)
 		}
 		if err != nil {
 			return errors.Join(runErr, fmt.Errorf("write termination message: %w", err))
 		}
 	}
-	if *output == "json" {
+	if output == outputJSON {
 		if err := json.NewEncoder(stdout).Encode(report); err != nil {
 			return errors.Join(runErr, fmt.Errorf("write report: %w", err))
 		}
@@ -119,6 +142,11 @@ func recordAction(ctx context.Context, databaseURL string, req actionRequest) er
 		return fmt.Errorf("connect to the database: %w", err)
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	if v, err := fence.CheckSchema(ctx, conn); errors.Is(err, fence.ErrSchemaOlder) {
+		return fmt.Errorf("database schema version %d is older than version %d this build needs: run `seqinbox migrate` first", v, migrations.Latest())
+	} else if err != nil {
+		return err
+	}
 	switch req.action {
 	case v1alpha1.ActionConsume:
 		return inbox.RequestMessageAction(ctx, conn, req.messageType, req.idempotenceID, inbox.ActionConsume)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,6 +38,11 @@ func actionDatabase(t *testing.T) (string, *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 	return url, pool
+}
+
+// actionCommand runs `seqinbox action` with args in process, its output going to stdout.
+func actionCommand(ctx context.Context, args []string, stdout io.Writer) error {
+	return run(ctx, append([]string{"action"}, args...), stdout, io.Discard)
 }
 
 // pendingActions returns the pending actions of the fixture's message and instances.

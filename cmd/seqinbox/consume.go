@@ -1,74 +1,96 @@
 package main
 
 import (
-	"context"
-	"flag"
 	"fmt"
 	"os"
 	"strings"
 
+	"github.com/spf13/cobra"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/seqinbox/seqinbox/internal/consumer"
 	"github.com/seqinbox/seqinbox/internal/manifest"
 )
 
-func init() {
-	commands["consume"] = command{summary: "run the consumer of a SequentialInbox manifest (-f inbox.yaml)", run: runConsume}
-}
-
-// Environment variables through which the operator passes what the referenced Secrets hold.
+// Outside Kubernetes the consumer serves its endpoints on the loopback interface, on ports the
+// kernel picks (logged at start), so that two consumers on one host need no flags and nothing is
+// exposed to the network. In a pod the operator passes :8080 and :8081.
 const (
-	envDatabaseURL      = "SEQINBOX_DATABASE_URL"
-	envBootstrapServers = "SEQINBOX_BOOTSTRAP_SERVERS"
-	envKafkaUsername    = "SEQINBOX_KAFKA_USERNAME"
-	envKafkaPassword    = "SEQINBOX_KAFKA_PASSWORD"
-	envKafkaCAFile      = "SEQINBOX_KAFKA_CA_FILE"
+	consumeMetricsDefault = "127.0.0.1:0"
+	consumeHealthDefault  = "127.0.0.1:0"
 )
 
-func runConsume(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("consume", flag.ContinueOnError)
-	file := fs.String("f", "", "SequentialInbox manifest, the file you apply with kubectl (required)")
-	databaseURL := fs.String("database-url", os.Getenv(envDatabaseURL), "PostgreSQL connection URL (env "+envDatabaseURL+"); replaces spec.database.urlSecretRef")
-	bootstrap := fs.String("bootstrap-servers", os.Getenv(envBootstrapServers), "comma-separated Kafka brokers (env "+envBootstrapServers+"); replaces spec.kafka.bootstrapServers")
-	healthAddr := fs.String("health-addr", ":8081", "address of /healthz and /readyz")
-	metricsAddr := fs.String("metrics-addr", ":8080", "address of /metrics")
-	hostname, _ := os.Hostname()
-	instanceID := fs.String("instance-id", hostname, "name of this consumer in the consumer registry and logs (the pod name in Kubernetes)")
-	logOpts := zap.Options{}
-	logOpts.BindFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return errUsage
-	}
-	if *file == "" {
-		fmt.Fprintln(os.Stderr, "seqinbox consume: -f inbox.yaml is required")
-		fs.Usage()
-		return errUsage
-	}
-	inbox, err := manifest.Load(*file)
-	if err != nil {
-		return err
-	}
-	var servers []string
-	if *bootstrap != "" {
-		servers = strings.Split(*bootstrap, ",")
-	}
-	c, err := consumer.New(consumer.Config{
-		Inbox:       inbox,
-		DatabaseURL: *databaseURL,
-		Kafka: consumer.Kafka{
-			BootstrapServers: servers,
-			Username:         os.Getenv(envKafkaUsername),
-			Password:         os.Getenv(envKafkaPassword),
-			CAFile:           os.Getenv(envKafkaCAFile),
+func newConsumeCommand() *cobra.Command {
+	var (
+		file, databaseURL, bootstrap, instanceID string
+		serving                                  servingFlags
+		logOpts                                  zap.Options
+	)
+	cmd := &cobra.Command{
+		Use:   "consume -f inbox.yaml",
+		Short: "Run the consumer of a SequentialInbox manifest",
+		Long: `Run the consumer of a SequentialInbox: read its topics, claim every message in PostgreSQL,
+buffer out-of-order messages, deliver released ones to the sink, and dead-letter bad records.
+
+The manifest is the file you apply with kubectl. What the cluster would take from Secrets comes
+from flags or the environment: --database-url (SEQINBOX_DATABASE_URL), --bootstrap-servers
+(SEQINBOX_BOOTSTRAP_SERVERS), SEQINBOX_KAFKA_USERNAME, SEQINBOX_KAFKA_PASSWORD and
+SEQINBOX_KAFKA_CA_FILE. The database schema must be current: run 'seqinbox migrate' first.
+
+Outside Kubernetes the endpoints listen on 127.0.0.1 on ports the kernel picks (the log names
+them), so several consumers run side by side on one host. In a pod the operator passes the
+addresses and the pod name as --instance-id.`,
+		Example: `  # Run the sample inbox against a local database and broker
+  seqinbox consume -f config/samples/inbox_v1alpha1_sequentialinbox.yaml \
+    --database-url postgres://app@localhost/orders --bootstrap-servers localhost:9092
+
+  # Fixed endpoint addresses, as in a pod
+  seqinbox consume -f inbox.yaml --metrics-bind-address :8080 --health-probe-bind-address :8081`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireManifest(file); err != nil {
+				return err
+			}
+			fromEnv(cmd, "database-url", envDatabaseURL, &databaseURL)
+			fromEnv(cmd, "bootstrap-servers", envBootstrapServers, &bootstrap)
+			inbox, err := manifest.Load(file)
+			if err != nil {
+				return err
+			}
+			if instanceID == "" {
+				instanceID = defaultInstanceID()
+			}
+			var servers []string
+			if bootstrap != "" {
+				servers = strings.Split(bootstrap, ",")
+			}
+			c, err := consumer.New(consumer.Config{
+				Inbox:       inbox,
+				DatabaseURL: databaseURL,
+				Kafka: consumer.Kafka{
+					BootstrapServers: servers,
+					Username:         os.Getenv(envKafkaUsername),
+					Password:         os.Getenv(envKafkaPassword),
+					CAFile:           os.Getenv(envKafkaCAFile),
+				},
+				InstanceID:  instanceID,
+				HealthAddr:  disabled(serving.healthAddr),
+				MetricsAddr: disabled(serving.metricsAddr),
+				Log:         zap.New(zap.UseFlagOptions(&logOpts)).WithName("consume"),
+			})
+			if err != nil {
+				return fmt.Errorf("%s: %w", file, err)
+			}
+			return c.Run(cmd.Context())
 		},
-		InstanceID:  *instanceID,
-		HealthAddr:  *healthAddr,
-		MetricsAddr: *metricsAddr,
-		Log:         zap.New(zap.UseFlagOptions(&logOpts)).WithName("consume"),
-	})
-	if err != nil {
-		return err
 	}
-	return c.Run(ctx)
+	addManifestFlag(cmd, &file, "", "SequentialInbox manifest, the file you apply with kubectl (required)")
+	addDatabaseURLFlag(cmd, &databaseURL, "PostgreSQL connection URL, replacing spec.database.urlSecretRef")
+	addBootstrapServersFlag(cmd, &bootstrap)
+	serving.add(cmd.Flags(), consumeMetricsDefault, consumeHealthDefault)
+	serving.addDeprecatedAliases(cmd.Flags(), consumeMetricsDefault, consumeHealthDefault)
+	cmd.Flags().StringVar(&instanceID, "instance-id", "",
+		"name of this consumer in the consumer registry and the logs, unique per running consumer (default: the host name and a random suffix)")
+	addLogFlags(cmd, &logOpts)
+	return cmd
 }

@@ -1,76 +1,106 @@
 package main
 
 import (
-	"context"
-	"flag"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/spf13/cobra"
 
 	"github.com/seqinbox/seqinbox/internal/consumer"
 	"github.com/seqinbox/seqinbox/internal/deadletter"
 	"github.com/seqinbox/seqinbox/internal/manifest"
 )
 
-func init() {
-	commands["deadletters"] = command{summary: "work with the dead-letter topic: `deadletters retry` re-publishes dead letters", run: runDeadLetters}
+func newDeadLettersCommand() *cobra.Command {
+	cmd := groupCommand(&cobra.Command{
+		Use:   "deadletters",
+		Short: "Work with the dead-letter topic of an inbox",
+		Long: `Work with the dead-letter topic of an inbox. Every dead letter carries headers that say why it
+is there and where it came from; 'deadletters retry' re-publishes dead letters to their
+original topics, where the consumers claim them again as new deliveries.`,
+		Example: `  seqinbox deadletters retry -f inbox.yaml --bootstrap-servers localhost:9092`,
+	})
+	cmd.AddCommand(newDeadLettersRetryCommand())
+	return cmd
 }
 
-func runDeadLetters(ctx context.Context, args []string) error {
-	if len(args) == 0 || args[0] != "retry" {
-		fmt.Fprintln(os.Stderr, "Usage: seqinbox deadletters retry -f inbox.yaml [--bootstrap-servers host:port,...] [--limit N] [--filter-reason REASON]")
-		return errUsage
+func newDeadLettersRetryCommand() *cobra.Command {
+	var (
+		file, bootstrap, reason string
+		limit                   int
+	)
+	cmd := &cobra.Command{
+		Use:   "retry -f inbox.yaml",
+		Short: "Re-publish dead letters to their original topics",
+		Long: `Re-publish dead letters of the inbox's dead-letter topic to the topics they came from (header
+seqinbox-dlq-original-topic), with their original key and value. The position in the
+dead-letter topic is kept in its own consumer group, so a second run re-publishes only newer
+dead letters.`,
+		Example: `  # Re-publish every dead letter
+  seqinbox deadletters retry -f inbox.yaml --bootstrap-servers localhost:9092
+
+  # Re-publish at most 10 dead letters whose sink call failed
+  seqinbox deadletters retry -f inbox.yaml --filter-reason ListenerFailed --limit 10`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireManifest(file); err != nil {
+				return err
+			}
+			if limit < 0 {
+				return usageErrorf("--limit %d: use 0 (all) or a positive number", limit)
+			}
+			fromEnv(cmd, "bootstrap-servers", envBootstrapServers, &bootstrap)
+			inbox, err := manifest.Load(file)
+			if err != nil {
+				return err
+			}
+			k := consumer.Kafka{Username: os.Getenv(envKafkaUsername), Password: os.Getenv(envKafkaPassword), CAFile: os.Getenv(envKafkaCAFile)}
+			if bootstrap != "" {
+				k.BootstrapServers = strings.Split(bootstrap, ",")
+			}
+			conn, err := consumer.ConnectionOptions(&inbox.Spec.Kafka, k)
+			if err != nil {
+				return fmt.Errorf("%s: %w", file, err)
+			}
+			opts := deadletter.RetryOptions{
+				Topic:  manifest.DeadLetterTopic(&inbox.Spec),
+				Group:  deadletter.RetryGroup(inbox.Spec.Kafka.ConsumerGroup, reason),
+				Reason: reason,
+				Limit:  limit,
+			}
+			rep, err := deadletter.Retry(cmd.Context(), conn, opts)
+			return errors.Join(err, printRetryReport(cmd.OutOrStdout(), opts, rep))
+		},
 	}
-	fs := flag.NewFlagSet("deadletters retry", flag.ContinueOnError)
-	file := fs.String("f", "", "SequentialInbox manifest (required)")
-	bootstrap := fs.String("bootstrap-servers", os.Getenv(envBootstrapServers), "comma-separated Kafka brokers (env "+envBootstrapServers+"); replaces spec.kafka.bootstrapServers")
-	limit := fs.Int("limit", 0, "re-publish at most this many dead letters (0: all)")
-	reason := fs.String("filter-reason", "", "re-publish only dead letters of this reason (seqinbox-dlq-reason, e.g. ListenerFailed)")
-	if err := fs.Parse(args[1:]); err != nil {
-		return errUsage
-	}
-	if *file == "" || *limit < 0 {
-		fs.Usage()
-		return errUsage
-	}
-	inbox, err := manifest.Load(*file)
-	if err != nil {
-		return err
-	}
-	k := consumer.Kafka{Username: os.Getenv(envKafkaUsername), Password: os.Getenv(envKafkaPassword), CAFile: os.Getenv(envKafkaCAFile)}
-	if *bootstrap != "" {
-		k.BootstrapServers = strings.Split(*bootstrap, ",")
-	}
-	conn, err := consumer.ConnectionOptions(&inbox.Spec.Kafka, k)
-	if err != nil {
-		return err
-	}
-	opts := deadletter.RetryOptions{
-		Topic:  manifest.DeadLetterTopic(&inbox.Spec),
-		Group:  deadletter.RetryGroup(inbox.Spec.Kafka.ConsumerGroup, *reason),
-		Reason: *reason,
-		Limit:  *limit,
-	}
-	rep, err := deadletter.Retry(ctx, conn, opts)
-	printRetryReport(opts, rep)
-	return err
+	addManifestFlag(cmd, &file, "", "SequentialInbox manifest (required)")
+	addBootstrapServersFlag(cmd, &bootstrap)
+	cmd.Flags().IntVar(&limit, "limit", 0, "re-publish at most this many dead letters (0: all)")
+	cmd.Flags().StringVar(&reason, "filter-reason", "", "re-publish only dead letters of this reason (header seqinbox-dlq-reason, e.g. ListenerFailed)")
+	return cmd
 }
 
-func printRetryReport(opts deadletter.RetryOptions, rep deadletter.RetryReport) {
-	fmt.Printf("re-published %d dead letter(s) from %s (position kept in group %s)\n", rep.Total(), opts.Topic, opts.Group)
+// printRetryReport writes what a retry re-published, by reason.
+func printRetryReport(w io.Writer, opts deadletter.RetryOptions, rep deadletter.RetryReport) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "re-published %d dead letter(s) from %s (position kept in group %s)\n", rep.Total(), opts.Topic, opts.Group)
 	reasons := make([]string, 0, len(rep.Republished))
 	for r := range rep.Republished {
 		reasons = append(reasons, r)
 	}
 	sort.Strings(reasons)
 	for _, r := range reasons {
-		fmt.Printf("  %-24s %d\n", r, rep.Republished[r])
+		fmt.Fprintf(&b, "  %-24s %d\n", r, rep.Republished[r])
 	}
 	if rep.Skipped > 0 {
-		fmt.Printf("passed over %d dead letter(s) of other reasons\n", rep.Skipped)
+		fmt.Fprintf(&b, "passed over %d dead letter(s) of other reasons\n", rep.Skipped)
 	}
 	if rep.Unroutable > 0 {
-		fmt.Printf("passed over %d record(s) without %s header\n", rep.Unroutable, deadletter.HeaderOriginalTopic)
+		fmt.Fprintf(&b, "passed over %d record(s) without %s header\n", rep.Unroutable, deadletter.HeaderOriginalTopic)
 	}
+	_, err := io.WriteString(w, b.String())
+	return err
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -13,16 +12,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
 
 	"github.com/seqinbox/seqinbox/internal/fence"
 	"github.com/seqinbox/seqinbox/internal/inbox"
 	"github.com/seqinbox/seqinbox/internal/version"
 	"github.com/seqinbox/seqinbox/migrations"
 )
-
-func init() {
-	commands["migrate"] = command{summary: "apply the embedded schema migrations and report schema, claim protocol and live consumers", run: runMigrate}
-}
 
 // migrateOptions are the flags of `seqinbox migrate` that decide what it does.
 type migrateOptions struct {
@@ -31,41 +27,60 @@ type migrateOptions struct {
 	liveWithin  time.Duration
 }
 
-func runMigrate(ctx context.Context, args []string) error {
-	return migrateCommand(ctx, args, os.Stdout)
+func newMigrateCommand() *cobra.Command {
+	var (
+		opts                    migrateOptions
+		output, terminationPath string
+	)
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply the embedded schema migrations and report schema, claim protocol and live consumers",
+		Long: `Apply the schema migrations embedded in this build, each once and in order, serialised by a
+PostgreSQL advisory lock so that two migrators never race. Then report the schema version, the
+claim protocol this build speaks, and the consumers whose heartbeat is recent.
+
+The operator runs it as a Job from the inbox's image and reads the JSON report from the Job's
+termination message (--termination-message-path).`,
+		Example: `  # Apply every pending migration
+  seqinbox migrate --database-url postgres://app@localhost/orders
+
+  # Show the schema version and the pending migrations, applying nothing
+  SEQINBOX_DATABASE_URL=postgres://app@localhost/orders seqinbox migrate --dry-run -o json`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			if err := requireDatabaseURL(cmd, &opts.databaseURL); err != nil {
+				return err
+			}
+			if opts.liveWithin <= 0 {
+				return usageErrorf("--live-within %s: must be positive", opts.liveWithin)
+			}
+			return migrateAndReport(cmd.Context(), opts, output, terminationPath, cmd.OutOrStdout())
+		},
+	}
+	addDatabaseURLFlag(cmd, &opts.databaseURL, "PostgreSQL database to migrate")
+	addOutputFlag(cmd, &output)
+	cmd.Flags().BoolVar(&opts.dryRun, "dry-run", false, "apply nothing; report the current schema version and the pending migrations")
+	cmd.Flags().StringVar(&terminationPath, "termination-message-path", "", "also write the JSON report here, cut to 4 KiB (Kubernetes termination message)")
+	cmd.Flags().DurationVar(&opts.liveWithin, "live-within", fence.DefaultLivenessWindow, "a consumer whose last heartbeat is younger than this is reported live")
+	return cmd
 }
 
-// migrateCommand is `seqinbox migrate` with its output going to stdout.
-func migrateCommand(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	databaseURL := fs.String("database-url", os.Getenv("SEQINBOX_DATABASE_URL"), "PostgreSQL database to migrate (env SEQINBOX_DATABASE_URL)")
-	output := fs.String("output", "text", "output format: text or json")
-	dryRun := fs.Bool("dry-run", false, "apply nothing; report the current schema version and the pending migrations")
-	terminationPath := fs.String("termination-message-path", "", "also write the JSON report here, cut to 4 KiB (Kubernetes termination message)")
-	liveWithin := fs.Duration("live-within", fence.DefaultLivenessWindow, "a consumer whose last heartbeat is younger than this is reported live")
-	if err := fs.Parse(args); err != nil {
-		return errUsage
-	}
-	if *output != "text" && *output != "json" {
-		return fmt.Errorf("--output %q: use text or json", *output)
-	}
-	if *databaseURL == "" {
-		return errors.New("--database-url or SEQINBOX_DATABASE_URL is required")
-	}
-	if *liveWithin <= 0 {
-		return fmt.Errorf("--live-within %s: must be positive", *liveWithin)
-	}
-
-	report, runErr := migrate(ctx, migrateOptions{databaseURL: *databaseURL, dryRun: *dryRun, liveWithin: *liveWithin})
+// migrateAndReport runs the migration and writes its report: JSON or text to stdout, and JSON to
+// the termination message path when set (also on failure).
+func migrateAndReport(ctx context.Context, opts migrateOptions, output, terminationPath string, stdout io.Writer) error {
+	report, runErr := migrate(ctx, opts)
 	if runErr != nil {
 		report.Error = runErr.Error()
 	}
-	if *terminationPath != "" {
-		if err := writeTerminationMessage(*terminationPath, report); err != nil {
+	if terminationPath != "" {
+		if err := writeTerminationMessage(terminationPath, report); err != nil {
 			return errors.Join(runErr, err)
 		}
 	}
-	if *output == "json" {
+	if output == outputJSON {
 		if err := json.NewEncoder(stdout).Encode(report); err != nil {
 			return errors.Join(runErr, fmt.Errorf("write report: %w", err))
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,6 +27,11 @@ func migrateDatabase(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
 	url := testenv.FreshDatabase(t, "cmd_migrate")
 	return url, testenv.Pool(t, url)
+}
+
+// migrateCommand runs `seqinbox migrate` with args in process, its output going to stdout.
+func migrateCommand(ctx context.Context, args []string, stdout io.Writer) error {
+	return run(ctx, append([]string{"migrate"}, args...), stdout, io.Discard)
 }
 
 func allVersions() []int {

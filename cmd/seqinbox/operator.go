@@ -1,13 +1,15 @@
 package main
 
 import (
-	"context"
-	"flag"
+	"errors"
 	"fmt"
 	"os"
 
+	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -18,10 +20,6 @@ import (
 	"github.com/seqinbox/seqinbox/internal/version"
 )
 
-func init() {
-	commands["operator"] = command{summary: "run the SequentialInbox controller manager", run: runOperator}
-}
-
 // defaultImage is what spec.image defaults to: $SEQINBOX_IMAGE (set by the install bundle), else
 // this release's image, so that operator, migrations and engine are one release.
 func defaultImage() string {
@@ -31,19 +29,51 @@ func defaultImage() string {
 	return "ghcr.io/seqinbox/seqinbox:" + version.Version
 }
 
-func runOperator(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("operator", flag.ContinueOnError)
-	metricsAddr := fs.String("metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint; 0 disables it")
-	probeAddr := fs.String("health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints")
-	leaderElect := fs.Bool("leader-elect", false, "elect one active manager among the replicas (a Lease in the operator's namespace)")
-	image := fs.String("default-image", defaultImage(), "image of consumers and Jobs when spec.image is empty (env SEQINBOX_IMAGE)")
-	logOpts := zap.Options{}
-	logOpts.BindFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return errUsage
-	}
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&logOpts)))
+// operatorOptions are the flags of `seqinbox operator`.
+type operatorOptions struct {
+	serving     servingFlags
+	leaderElect bool
+	image       string
+	kubeconfig  string
+	log         zap.Options
+}
 
+func newOperatorCommand() *cobra.Command {
+	var opts operatorOptions
+	cmd := &cobra.Command{
+		Use:   "operator",
+		Short: "Run the SequentialInbox controller manager",
+		Long: `Run the controller manager that reconciles SequentialInbox and SequentialInboxAction resources:
+it validates each inbox, renders its configuration, migrates its database with a Job, gates
+rollouts between engines of different claim protocols, and runs the consumer Deployment.
+
+It reads the cluster from --kubeconfig, else $KUBECONFIG, else ~/.kube/config, else the
+in-cluster configuration of its pod.`,
+		Example: `  # Run against the cluster of the current kubeconfig (make run does this)
+  seqinbox operator
+
+  # As the install bundle runs it
+  seqinbox operator --leader-elect --metrics-bind-address :8080 --health-probe-bind-address :8081`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runOperator(cmd, opts)
+		},
+	}
+	opts.serving.add(cmd.Flags(), ":8080", ":8081")
+	cmd.Flags().BoolVar(&opts.leaderElect, "leader-elect", false, "elect one active manager among the replicas (a Lease in the operator's namespace)")
+	cmd.Flags().StringVar(&opts.image, "default-image", defaultImage(), "image of consumers and Jobs when spec.image is empty (env SEQINBOX_IMAGE)")
+	cmd.Flags().StringVar(&opts.kubeconfig, "kubeconfig", "", "kubeconfig file of the cluster (default: $KUBECONFIG, ~/.kube/config, the pod's in-cluster configuration)")
+	_ = cmd.MarkFlagFilename("kubeconfig")
+	addLogFlags(cmd, &opts.log)
+	return cmd
+}
+
+func runOperator(cmd *cobra.Command, opts operatorOptions) error {
+	cfg, err := restConfig(opts.kubeconfig)
+	if err != nil {
+		return err
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts.log)))
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		return fmt.Errorf("register Kubernetes types: %w", err)
@@ -51,23 +81,19 @@ func runOperator(ctx context.Context, args []string) error {
 	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return fmt.Errorf("register SequentialInbox: %w", err)
 	}
-	cfg, err := ctrl.GetConfig()
-	if err != nil {
-		return fmt.Errorf("kubeconfig: %w", err)
-	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
 		Cache:                         controller.CacheOptions(),
-		Metrics:                       metricsserver.Options{BindAddress: *metricsAddr},
-		HealthProbeBindAddress:        *probeAddr,
-		LeaderElection:                *leaderElect,
+		Metrics:                       metricsserver.Options{BindAddress: opts.serving.metricsAddr},
+		HealthProbeBindAddress:        opts.serving.healthAddr,
+		LeaderElection:                opts.leaderElect,
 		LeaderElectionID:              "seqinbox-operator.inbox.seqinbox.dev",
 		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
-	if err := controller.Setup(mgr, controller.Options{DefaultImage: *image}); err != nil {
+	if err := controller.Setup(mgr, controller.Options{DefaultImage: opts.image}); err != nil {
 		return fmt.Errorf("set up the SequentialInbox controller: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
@@ -76,9 +102,29 @@ func runOperator(ctx context.Context, args []string) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return fmt.Errorf("readiness check: %w", err)
 	}
-	ctrl.Log.WithName("operator").Info("starting", "version", version.Version, "commit", version.Commit, "defaultImage", *image)
-	if err := mgr.Start(ctx); err != nil {
+	ctrl.Log.WithName("operator").Info("starting", "version", version.Version, "commit", version.Commit, "defaultImage", opts.image)
+	if err := mgr.Start(cmd.Context()); err != nil {
 		return fmt.Errorf("run manager: %w", err)
 	}
 	return nil
+}
+
+// restConfig loads the cluster's configuration in kubectl's order (an explicit file, $KUBECONFIG,
+// ~/.kube/config) with the pod's in-cluster configuration when no file has one, and says what to
+// do when there is none. Client-side rate limiting is off, as controller-runtime sets it: the API
+// server's priority and fairness limits the operator.
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if clientcmd.IsEmptyConfig(err) || errors.Is(err, rest.ErrNotInCluster) {
+		return nil, errors.New("no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG, or run the operator in a pod")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	if cfg.QPS == 0 {
+		cfg.QPS = -1
+	}
+	return cfg, nil
 }

@@ -326,9 +326,9 @@ func (c *Consumer) serve() (func(), error) {
 	metricsMux := http.NewServeMux()
 	metricsMux.Handle("/metrics", promhttp.HandlerFor(c.registry, promhttp.HandlerOpts{}))
 	for _, s := range []struct {
-		addr    string
-		handler http.Handler
-	}{{c.cfg.HealthAddr, health}, {c.cfg.MetricsAddr, metricsMux}} {
+		addr, paths string
+		handler     http.Handler
+	}{{c.cfg.HealthAddr, "/healthz /readyz", health}, {c.cfg.MetricsAddr, "/metrics", metricsMux}} {
 		if s.addr == "" {
 			continue
 		}
@@ -337,6 +337,7 @@ func (c *Consumer) serve() (func(), error) {
 			stop()
 			return nil, fmt.Errorf("consumer: listen on %s: %w", s.addr, err)
 		}
+		c.log.Info("serving", "endpoints", s.paths, "addr", ln.Addr().String())
 		srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, srv)
 		go func() {

@@ -134,8 +134,8 @@ func consumerPodSpec(s *scope) corev1.PodSpec {
 			Name:  consumerContainer,
 			Image: s.image,
 			Args: []string{"consume", "-f", configPath,
-				"--health-addr", fmt.Sprintf(":%d", healthPort),
-				"--metrics-addr", fmt.Sprintf(":%d", metricsPort),
+				"--health-probe-bind-address", fmt.Sprintf(":%d", healthPort),
+				"--metrics-bind-address", fmt.Sprintf(":%d", metricsPort),
 				"--instance-id", "$(POD_NAME)"},
 			Env: consumerEnv(inbox),
 			Ports: []corev1.ContainerPort{

@@ -78,8 +78,8 @@ func startConsumer(binary, manifestPath, databaseURL string, seeds []string, nam
 		"-f", manifestPath,
 		"--database-url", databaseURL,
 		"--bootstrap-servers", strings.Join(seeds, ","),
-		"--metrics-addr", metricsAddr,
-		"--health-addr", healthAddr,
+		"--metrics-bind-address", metricsAddr,
+		"--health-probe-bind-address", healthAddr,
 		"--instance-id", name,
 	)
 	cmd.Stdout, cmd.Stderr = logFile, logFile

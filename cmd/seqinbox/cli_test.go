@@ -1,0 +1,290 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+
+	"github.com/seqinbox/seqinbox/internal/testenv"
+)
+
+// seqinbox runs one command line in process exactly as main does, and returns what it wrote and
+// its exit code.
+func seqinbox(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), args, &out, &errOut)
+	if err != nil {
+		printError(&errOut, err)
+	}
+	return out.String(), errOut.String(), exitCode(err)
+}
+
+// commandPaths lists every command of the tree as its arguments (["deadletters", "retry"]).
+func commandPaths(cmd *cobra.Command, parent []string) [][]string {
+	var paths [][]string
+	for _, sub := range cmd.Commands() {
+		path := append(append([]string{}, parent...), sub.Name())
+		paths = append(paths, path)
+		paths = append(paths, commandPaths(sub, path)...)
+	}
+	return paths
+}
+
+func TestHelpOfEveryCommandExitsZeroWithDescriptionAndExample(t *testing.T) {
+	root := newRootCommand()
+	paths := append([][]string{nil}, commandPaths(root, nil)...)
+	if len(paths) < 8 {
+		t.Fatalf("command tree has %d commands, want every subcommand: %v", len(paths), paths)
+	}
+	for _, path := range paths {
+		cmd, _, err := root.Find(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := strings.Join(append([]string{"seqinbox"}, path...), " ")
+		t.Run(name, func(t *testing.T) {
+			if cmd.Short == "" || cmd.Long == "" || cmd.Example == "" {
+				t.Fatalf("%s lacks a summary, a description or an example", name)
+			}
+			firstLine, _, _ := strings.Cut(cmd.Long, "\n")
+			for _, args := range [][]string{append(path, "--help"), append(path, "-h"), append([]string{"help"}, path...)} {
+				stdout, stderr, code := seqinbox(t, args...)
+				if code != exitOK || stderr != "" {
+					t.Fatalf("seqinbox %v: exit %d, stderr %q; want 0 and nothing on stderr", args, code, stderr)
+				}
+				for _, want := range []string{firstLine, "Examples:", "Usage:\n  " + name} {
+					if !strings.Contains(stdout, want) {
+						t.Fatalf("seqinbox %v prints no %q:\n%s", args, want, stdout)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestSubcommandHelpListsItsFlags(t *testing.T) {
+	for args, flags := range map[string][]string{
+		"deadletters retry -h": {"--filename", "--bootstrap-servers", "--limit", "--filter-reason"},
+		"consume -h":           {"--filename", "--database-url", "--metrics-bind-address", "--health-probe-bind-address", "--instance-id", "--zap-log-level"},
+		"operator -h":          {"--metrics-bind-address", "--health-probe-bind-address", "--leader-elect", "--kubeconfig"},
+		"migrate -h":           {"--database-url", "--output", "--dry-run"},
+	} {
+		stdout, _, code := seqinbox(t, strings.Fields(args)...)
+		for _, flag := range flags {
+			if code != exitOK || !strings.Contains(stdout, flag) {
+				t.Errorf("seqinbox %s (exit %d) does not list %s:\n%s", args, code, flag, stdout)
+			}
+		}
+	}
+}
+
+func TestVersionFlagAndCommandPrintTheBuild(t *testing.T) {
+	flagOut, _, flagCode := seqinbox(t, "--version")
+	cmdOut, _, cmdCode := seqinbox(t, "version")
+	if flagCode != exitOK || cmdCode != exitOK || flagOut != cmdOut || !strings.Contains(cmdOut, "schema version") {
+		t.Fatalf("--version: exit %d %q; version: exit %d %q; want both 0 and the same line", flagCode, flagOut, cmdCode, cmdOut)
+	}
+	jsonOut, _, code := seqinbox(t, "version", "-o", "json")
+	if code != exitOK || !strings.Contains(jsonOut, `"claimProtocol"`) {
+		t.Fatalf("version -o json: exit %d %q", code, jsonOut)
+	}
+}
+
+func TestUsageErrorsExitTwoWithOneLineNamingTheProblem(t *testing.T) {
+	t.Setenv(envDatabaseURL, "")
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bogus"}, `seqinbox: unknown command "bogus" for "seqinbox"`},
+		{[]string{"--bogus"}, "seqinbox: unknown flag: --bogus"},
+		{[]string{"version", "extra"}, `seqinbox version: takes no arguments, got "extra"`},
+		{[]string{"version", "--output", "yaml"}, `seqinbox version: --output "yaml": use text or json`},
+		{[]string{"migrate", "-o", "yaml", "--database-url", "postgres://x"}, `seqinbox migrate: --output "yaml": use text or json`},
+		{[]string{"migrate"}, "seqinbox migrate: --database-url or SEQINBOX_DATABASE_URL is required"},
+		{[]string{"migrate", "--database-url", "postgres://x", "--live-within", "0s"}, "seqinbox migrate: --live-within 0s: must be positive"},
+		{[]string{"action", "--database-url", "postgres://x", "--action", "Close", "-o", "yaml"}, `seqinbox action: --output "yaml"`},
+		{[]string{"action", "--database-url", "postgres://x", "--action", "Close"}, "seqinbox action: --action Close takes --sequence and --context-id"},
+		{[]string{"consume"}, "seqinbox consume: -f inbox.yaml is required"},
+		{[]string{"consume", "--nope"}, "seqinbox consume: unknown flag: --nope"},
+		{[]string{"consume", "-f", "inbox.yaml", "extra"}, `seqinbox consume: takes no arguments, got "extra"`},
+		{[]string{"consume", "--metrics-bind-address"}, "seqinbox consume: flag needs an argument: --metrics-bind-address"},
+		{[]string{"deadletters", "bogus"}, `seqinbox deadletters: unknown command "bogus" for "seqinbox deadletters"`},
+		{[]string{"deadletters", "retry"}, "seqinbox deadletters retry: -f inbox.yaml is required"},
+		{[]string{"deadletters", "retry", "-f", "inbox.yaml", "--limit", "-1"}, "seqinbox deadletters retry: --limit -1: use 0 (all) or a positive number"},
+		{[]string{"deadletters", "retry", "-f", "inbox.yaml", "--limit", "many"}, `seqinbox deadletters retry: invalid argument "many" for "--limit" flag`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			stdout, stderr, code := seqinbox(t, tt.args...)
+			if code != exitUsage {
+				t.Fatalf("exit %d, want %d (usage); stderr:\n%s", code, exitUsage, stderr)
+			}
+			lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
+			if len(lines) != 2 || !strings.HasPrefix(lines[0], tt.want) || !strings.HasPrefix(lines[1], "Run 'seqinbox") {
+				t.Fatalf("stderr:\n%s\nwant one line starting %q, then where to find the usage", stderr, tt.want)
+			}
+			if stdout != "" {
+				t.Fatalf("wrote %q to stdout", stdout)
+			}
+		})
+	}
+}
+
+func TestFailuresOfARunningCommandExitOne(t *testing.T) {
+	_, stderr, code := seqinbox(t, "consume", "-f", filepath.Join(t.TempDir(), "missing.yaml"))
+	if code != exitFailed || !strings.Contains(stderr, "missing.yaml") || strings.Contains(stderr, "--help") {
+		t.Fatalf("consume of a missing manifest: exit %d, stderr %q; want 1, naming the file, without a usage hint", code, stderr)
+	}
+}
+
+func TestServingFlagsHaveKubebuilderNamesAndTheOldNamesStillWork(t *testing.T) {
+	for _, cmd := range []*cobra.Command{newOperatorCommand(), newConsumeCommand()} {
+		for _, name := range []string{"metrics-bind-address", "health-probe-bind-address"} {
+			if cmd.Flags().Lookup(name) == nil {
+				t.Errorf("%s has no --%s", cmd.Name(), name)
+			}
+		}
+	}
+	consume := newConsumeCommand()
+	if err := consume.ParseFlags([]string{"--metrics-addr", "127.0.0.1:9100", "--health-addr", "127.0.0.1:9101"}); err != nil {
+		t.Fatal(err)
+	}
+	if m, h := consume.Flags().Lookup("metrics-bind-address").Value.String(), consume.Flags().Lookup("health-probe-bind-address").Value.String(); m != "127.0.0.1:9100" || h != "127.0.0.1:9101" {
+		t.Fatalf("--metrics-addr, --health-addr set (%q, %q), want the addresses of the new names", m, h)
+	}
+	stdout, _, _ := seqinbox(t, "consume", "--help")
+	if strings.Contains(stdout, "--metrics-addr") || strings.Contains(stdout, "--health-addr") {
+		t.Fatalf("consume --help lists the deprecated names:\n%s", stdout)
+	}
+}
+
+func TestConsumeDefaultsLetTwoConsumersShareAHost(t *testing.T) {
+	consume := newConsumeCommand()
+	for _, name := range []string{"metrics-bind-address", "health-probe-bind-address"} {
+		if def := consume.Flags().Lookup(name).DefValue; def != "127.0.0.1:0" {
+			t.Errorf("--%s defaults to %q, want the loopback interface and a port the kernel picks", name, def)
+		}
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := defaultInstanceID(), defaultInstanceID()
+	if a == b || !strings.HasPrefix(a, strings.ToLower(host)+"-") {
+		t.Fatalf("default instance ids %q and %q, want two distinct ids starting with the host name %q", a, b, host)
+	}
+}
+
+func TestHelpNeverPrintsTheDatabaseURLOfTheEnvironment(t *testing.T) {
+	const password = "s3cret-pw"
+	t.Setenv(envDatabaseURL, "postgres://app:"+password+"@db/orders")
+	root := newRootCommand()
+	for _, path := range commandPaths(root, nil) {
+		stdout, stderr, _ := seqinbox(t, append(path, "--help")...)
+		if strings.Contains(stdout+stderr, password) {
+			t.Errorf("seqinbox %v --help prints the password of %s:\n%s%s", path, envDatabaseURL, stdout, stderr)
+		}
+	}
+}
+
+func TestInvalidManifestErrorsComeOneFieldPerLine(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sample, err := os.ReadFile(filepath.Join(root, "config", "samples", "inbox_v1alpha1_sequentialinbox.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := strings.NewReplacer("retention: 168h", "retention: 10s", "predecessor: OrderShipped", "predecessor: OrderNope").Replace(string(sample))
+	path := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	_, stderr, code := seqinbox(t, "consume", "-f", path, "--database-url", "postgres://127.0.0.1/none")
+	lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
+	if code != exitFailed || len(lines) != 3 || !strings.HasPrefix(lines[0], "seqinbox consume: "+path+": ") {
+		t.Fatalf("exit %d, stderr:\n%s\nwant 1, a line naming the file, then one line per invalid field", code, stderr)
+	}
+	for i, field := range []string{"spec.sequences[0].retention: ", "spec.sequences[0].messages[4].releaseCondition.predecessor: "} {
+		if !strings.HasPrefix(lines[i+1], "  "+field) {
+			t.Errorf("line %d = %q, want it to start with %q", i+2, lines[i+1], field)
+		}
+	}
+}
+
+func TestActionOnAnUnmigratedDatabaseSaysToRunMigrate(t *testing.T) {
+	url := testenv.FreshDatabase(t, "cmd_action_unmigrated")
+
+	_, stderr, code := seqinbox(t, "action", "--database-url", url, "--action", "Close", "--sequence", "order", "--context-id", "o-1")
+	if code != exitFailed || !strings.Contains(stderr, "run `seqinbox migrate`") || strings.Contains(stderr, "SQLSTATE") {
+		t.Fatalf("exit %d, stderr %q; want 1 and the hint to run seqinbox migrate, no SQL error", code, stderr)
+	}
+}
+
+// buildSeqinbox builds the release binary (no build tags) into a temporary directory.
+func buildSeqinbox(t *testing.T) string {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "seqinbox")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/seqinbox")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/seqinbox: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func TestTheBinaryExitsWithTheDocumentedCodes(t *testing.T) {
+	bin := buildSeqinbox(t)
+	tests := []struct {
+		args       []string
+		code       int
+		stderrHas  string
+		stdoutHas  string
+		stderrLine bool
+	}{
+		{[]string{"--help"}, exitOK, "", "Usage:", false},
+		{[]string{"help", "consume"}, exitOK, "", "seqinbox consume -f inbox.yaml", false},
+		{[]string{"completion", "bash"}, exitOK, "", "bash completion", false},
+		{[]string{"version", "extra"}, exitUsage, "takes no arguments", "", false},
+		// Without any cluster configuration the operator says what to do, in one line, no stack trace.
+		{[]string{"operator"}, exitFailed, "seqinbox operator: no Kubernetes cluster configured: pass --kubeconfig", "", true},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			cmd := exec.Command(bin, tt.args...)
+			cmd.Env = []string{"HOME=" + t.TempDir(), "PATH=" + os.Getenv("PATH")}
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			code := 0
+			var exit *exec.ExitError
+			if errors.As(err, &exit) {
+				code = exit.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if code != tt.code || !strings.Contains(stderr.String(), tt.stderrHas) || !strings.Contains(stdout.String(), tt.stdoutHas) {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q",
+					code, stdout.String(), stderr.String(), tt.code, tt.stdoutHas, tt.stderrHas)
+			}
+			if tt.stderrLine && strings.Count(stderr.String(), "\n") != 1 {
+				t.Fatalf("stderr has %d lines, want exactly one:\n%s", strings.Count(stderr.String(), "\n"), stderr.String())
+			}
+		})
+	}
+}

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	goflag "flag"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+)
+
+// The flags that several commands share are defined here, once, so that a name means the same on
+// every command. Addresses follow kubebuilder's names (--metrics-bind-address,
+// --health-probe-bind-address).
+
+// Environment variables that stand in for flags; the operator passes what the referenced Secrets
+// hold through them.
+const (
+	envDatabaseURL      = "SEQINBOX_DATABASE_URL"
+	envBootstrapServers = "SEQINBOX_BOOTSTRAP_SERVERS"
+	envKafkaUsername    = "SEQINBOX_KAFKA_USERNAME"
+	envKafkaPassword    = "SEQINBOX_KAFKA_PASSWORD"
+	envKafkaCAFile      = "SEQINBOX_KAFKA_CA_FILE"
+)
+
+// Output formats of --output.
+const (
+	outputText = "text"
+	outputJSON = "json"
+)
+
+// addManifestFlag binds -f/--filename, the SequentialInbox manifest (the file applied with kubectl).
+func addManifestFlag(cmd *cobra.Command, p *string, value, usage string) {
+	cmd.Flags().StringVarP(p, "filename", "f", value, usage)
+	_ = cmd.MarkFlagFilename("filename", "yaml", "yml")
+}
+
+// requireManifest fails when -f names no manifest.
+func requireManifest(file string) error {
+	if file == "" {
+		return usageErrorf("-f inbox.yaml is required: the SequentialInbox manifest, the file you apply with kubectl")
+	}
+	return nil
+}
+
+// addDatabaseURLFlag binds --database-url. Its value may come from SEQINBOX_DATABASE_URL instead
+// (read by fromEnv); the environment's value is never shown as a default, since it holds a password.
+func addDatabaseURLFlag(cmd *cobra.Command, p *string, usage string) {
+	cmd.Flags().StringVar(p, "database-url", "", usage+" (env "+envDatabaseURL+")")
+}
+
+// addBootstrapServersFlag binds --bootstrap-servers; SEQINBOX_BOOTSTRAP_SERVERS stands in for it.
+func addBootstrapServersFlag(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVar(p, "bootstrap-servers", "",
+		"comma-separated Kafka brokers, replacing spec.kafka.bootstrapServers (env "+envBootstrapServers+")")
+}
+
+// addOutputFlag binds -o/--output with the values text and json; checkOutput validates it.
+func addOutputFlag(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVarP(p, "output", "o", outputText, "output format: text or json")
+	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{outputText, outputJSON}, cobra.ShellCompDirectiveNoFileComp))
+}
+
+// checkOutput returns a usage error for an --output value other than text or json.
+func checkOutput(output string) error {
+	if output != outputText && output != outputJSON {
+		return usageErrorf("--output %q: use text or json", output)
+	}
+	return nil
+}
+
+// fromEnv sets *p from the environment variable when the flag was not given on the command line.
+func fromEnv(cmd *cobra.Command, flag, env string, p *string) {
+	if !cmd.Flags().Changed(flag) {
+		if v, ok := os.LookupEnv(env); ok {
+			*p = v
+		}
+	}
+}
+
+// requireDatabaseURL reads --database-url or SEQINBOX_DATABASE_URL and fails when neither is set.
+func requireDatabaseURL(cmd *cobra.Command, p *string) error {
+	fromEnv(cmd, "database-url", envDatabaseURL, p)
+	if *p == "" {
+		return usageErrorf("--database-url or %s is required", envDatabaseURL)
+	}
+	return nil
+}
+
+// servingFlags are the addresses of the HTTP endpoints of a long-running command.
+type servingFlags struct {
+	metricsAddr, healthAddr string
+}
+
+// add binds --metrics-bind-address and --health-probe-bind-address with the given defaults.
+func (s *servingFlags) add(fs *pflag.FlagSet, metricsDefault, healthDefault string) {
+	fs.StringVar(&s.metricsAddr, "metrics-bind-address", metricsDefault, "address of the Prometheus /metrics endpoint; 0 disables it")
+	fs.StringVar(&s.healthAddr, "health-probe-bind-address", healthDefault, "address of the /healthz and /readyz endpoints; 0 disables them")
+}
+
+// addDeprecatedAliases binds the names that `consume` used before they matched the operator's,
+// hidden, for one release.
+func (s *servingFlags) addDeprecatedAliases(fs *pflag.FlagSet, metricsDefault, healthDefault string) {
+	fs.StringVar(&s.metricsAddr, "metrics-addr", metricsDefault, "")
+	fs.StringVar(&s.healthAddr, "health-addr", healthDefault, "")
+	_ = fs.MarkDeprecated("metrics-addr", "use --metrics-bind-address")
+	_ = fs.MarkDeprecated("health-addr", "use --health-probe-bind-address")
+}
+
+// disabled maps kubebuilder's "0" (no endpoint) to the empty address the servers take.
+func disabled(addr string) string {
+	if addr == "0" {
+		return ""
+	}
+	return addr
+}
+
+// addLogFlags binds controller-runtime's --zap-* logging flags.
+func addLogFlags(cmd *cobra.Command, opts *zap.Options) {
+	fs := goflag.NewFlagSet(cmd.Name(), goflag.ContinueOnError)
+	opts.BindFlags(fs)
+	cmd.Flags().AddGoFlagSet(fs)
+}
+
+// defaultInstanceID names a consumer outside Kubernetes: the host name and a random suffix, so that
+// two consumers on one host register apart. In a pod the operator passes the pod name.
+func defaultInstanceID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "seqinbox"
+	}
+	suffix := make([]byte, 3)
+	_, _ = rand.Read(suffix) // crypto/rand.Read never fails
+	return strings.ToLower(host) + "-" + hex.EncodeToString(suffix)
+}
