@@ -120,6 +120,15 @@ type KafkaSpec struct {
 	// +kubebuilder:validation:Maximum=3600000
 	MaxPollIntervalMs int32 `json:"maxPollIntervalMs,omitempty"`
 
+	// GroupProtocolEpoch is part of the group protocol name the consumers announce
+	// ("seqinbox-<claim protocol>", with "-epoch<N>" appended when N > 0). Raising it makes the
+	// broker keep the new consumers and every consumer of a lower epoch out of one group
+	// generation, and makes the rollout stop the old consumers first, as for a claim protocol
+	// change. Raise it when a change is incompatible in a way the claim protocol does not show.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	GroupProtocolEpoch int32 `json:"groupProtocolEpoch,omitempty"`
+
 	// TLS enables TLS to the brokers.
 	// +optional
 	TLS *KafkaTLS `json:"tls,omitempty"`

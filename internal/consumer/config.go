@@ -50,6 +50,10 @@ type Config struct {
 	// OnRecord, when set, is told what became of every record whose offset may now be committed,
 	// from the partition's goroutine; it must not block. The demo and tests read it.
 	OnRecord func(Event)
+
+	// build replaces what this binary speaks (engine version, claim protocol) in tests that run
+	// consumers of other builds side by side; the zero value is this binary's.
+	build build
 }
 
 // Kafka completes spec.kafka with what the cluster would provide from Secrets.

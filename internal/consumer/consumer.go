@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/seqinbox/seqinbox/internal/deadletter"
@@ -34,7 +35,6 @@ import (
 	"github.com/seqinbox/seqinbox/internal/manifest"
 	"github.com/seqinbox/seqinbox/internal/sequence"
 	"github.com/seqinbox/seqinbox/internal/sink"
-	"github.com/seqinbox/seqinbox/internal/version"
 )
 
 // ErrKilled is what Run returns after Kill.
@@ -76,6 +76,9 @@ type Consumer struct {
 	metrics       *metrics
 	engineMetrics *inbox.Metrics
 	dlqMetrics    *deadletter.Metrics
+	// build is what this consumer speaks; group is its membership in the Kafka consumer group.
+	build build
+	group *groupMembership
 
 	// work is the context of all processing; Kill cancels it (a graceful stop does not).
 	work   context.Context
@@ -135,6 +138,12 @@ func New(cfg Config) (*Consumer, error) {
 		fenceReason:   "starting: schema check and version fence not done yet",
 		fenceChanged:  make(chan struct{}),
 	}
+	c.build = thisBuild()
+	if cfg.build != (build{}) {
+		c.build = cfg.build
+	}
+	c.group = newGroupMembership(spec.Kafka.ConsumerGroup, manifest.GroupProtocol(c.build.claimProtocol, &spec.Kafka), c.clock, log.WithName("group"))
+	c.group.changed = c.updateReadyMetric
 	sinkMetrics := sink.NewMetrics()
 	retries := 0
 	if spec.Sink.Retries != nil {
@@ -149,7 +158,7 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	c.work, c.kill = context.WithCancel(context.Background())
 	c.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, cs := range [][]prometheus.Collector{c.metrics.collectors(), c.engineMetrics.Collectors(), sinkMetrics.Collectors(), c.dlqMetrics.Collectors()} {
+	for _, cs := range [][]prometheus.Collector{c.metrics.collectors(), c.engineMetrics.Collectors(), sinkMetrics.Collectors(), c.dlqMetrics.Collectors(), c.group.collectors()} {
 		c.registry.MustRegister(cs...)
 	}
 	return c, nil
@@ -193,6 +202,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	defer producer.Close()
 	publisher := deadletter.NewPublisher(producer, c.dlqTopic, c.clock, c.dlqMetrics)
+	c.group.admin = kadm.NewClient(producer)
 
 	deadline := c.listenerDeadline()
 	if deadline >= c.recordTimeout {
@@ -208,7 +218,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	fenceCfg.Log = c.log.WithName("fence")
 	f, err := fence.New(pool, fence.Identity{
 		InstanceID: c.cfg.InstanceID, ConsumerGroup: spec.Kafka.ConsumerGroup,
-		EngineVersion: version.Version, ClaimProtocol: inbox.ClaimProtocol,
+		EngineVersion: c.build.engineVersion, ClaimProtocol: c.build.claimProtocol,
 	}, fenceCfg)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
@@ -230,7 +240,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	c.log.Info("consumer started", "group", spec.Kafka.ConsumerGroup, "topics", spec.Kafka.Topics,
 		"deadLetterTopic", c.dlqTopic, "poolSize", spec.Database.PoolSize, "inFlight", cap(c.inFlight),
-		"recordTimeout", c.recordTimeout, "listenerDeadline", deadline, "engine", version.Version, "claimProtocol", inbox.ClaimProtocol)
+		"recordTimeout", c.recordTimeout, "listenerDeadline", deadline, "engine", c.build.engineVersion, "claimProtocol", c.build.claimProtocol,
+		"groupProtocol", c.group.protocol)
 	p := &processor{c: c, engine: engine, publisher: publisher}
 	for attempt := 0; ; attempt++ {
 		if !c.awaitFence(ctx) {
@@ -268,7 +279,8 @@ func (c *Consumer) Kill() {
 	c.kill()
 }
 
-// Ready reports whether the consumer fetches, or why not (schema, version fence, stopping).
+// Ready reports whether the consumer fetches, or why not (schema, version fence, stopping, not
+// in the consumer group: for example refused while members of another group protocol hold it).
 func (c *Consumer) Ready() (bool, string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -280,7 +292,7 @@ func (c *Consumer) Ready() (bool, string) {
 	case !c.sessionActive:
 		return false, "not consuming: joining or leaving the consumer group"
 	}
-	return true, ""
+	return c.group.ready()
 }
 
 // Registry holds every collector of this consumer (runtime, engine, sink, dead letters, Go).

@@ -69,6 +69,8 @@ func (p *processor) runSession(ctx context.Context) error {
 		kgo.OnPartitionsRevoked(s.revoked),
 		kgo.OnPartitionsLost(s.lost),
 	)
+	opts = append(opts, c.group.options(c.cfg.InstanceID)...)
+	c.group.reset()
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("kafka client: %w", err)
@@ -103,7 +105,9 @@ func (s *session) poll(ctx context.Context) {
 			return
 		}
 		fetches.EachError(func(topic string, partition int32, err error) {
-			if !errors.Is(err, context.Canceled) {
+			// Group errors (a refused join, a lost membership) are reported by s.p.c.group.
+			var groupErr *kgo.ErrGroupSession
+			if !errors.Is(err, context.Canceled) && !errors.As(err, &groupErr) {
 				s.p.c.log.Error(err, "fetch failed", "topic", topic, "partition", partition)
 			}
 		})
@@ -135,6 +139,7 @@ func (s *session) dispatch(fp kgo.FetchTopicPartition) {
 
 // assigned starts a worker per new partition.
 func (s *session) assigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	s.p.c.group.joinedGroup()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for topic, partitions := range assigned {

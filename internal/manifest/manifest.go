@@ -131,6 +131,20 @@ func DeadLetterTopic(spec *v1alpha1.SequentialInboxSpec) string {
 	return spec.Kafka.ConsumerGroup + ".dlq"
 }
 
+// GroupProtocol is the only group protocol the consumers of an inbox announce when they join the
+// Kafka consumer group: "seqinbox-<claimProtocol>", with "-epoch<N>" for spec.kafka.groupProtocolEpoch
+// N > 0. The broker refuses a member that supports none of the group's protocols, so consumers of
+// another claim protocol or epoch, and clients with the ordinary range or cooperative-sticky
+// assignors, never share a group generation with these. The engine version is not part of it: a
+// compatible upgrade keeps the name and rolls as usual.
+func GroupProtocol(claimProtocol string, kafka *v1alpha1.KafkaSpec) string {
+	name := "seqinbox-" + claimProtocol
+	if kafka.GroupProtocolEpoch > 0 {
+		name += fmt.Sprintf("-epoch%d", kafka.GroupProtocolEpoch)
+	}
+	return name
+}
+
 func defaultDuration(d *metav1.Duration, def time.Duration) {
 	if d.Duration == 0 {
 		d.Duration = def

@@ -216,3 +216,31 @@ func defaultedByAPIServer(t *testing.T, schema *structuralschema.Structural, doc
 	}
 	return &inbox
 }
+
+func TestGroupProtocolNamesTheClaimProtocolAndTheEpochButNotTheEngineVersion(t *testing.T) {
+	tests := []struct {
+		claimProtocol string
+		epoch         int32
+		want          string
+	}{
+		{"insert-first-v1", 0, "seqinbox-insert-first-v1"},
+		{"insert-first-v1", 2, "seqinbox-insert-first-v1-epoch2"},
+		{"legacy-v0", 0, "seqinbox-legacy-v0"},
+	}
+	seen := map[string]bool{}
+	for _, tt := range tests {
+		got := GroupProtocol(tt.claimProtocol, &v1alpha1.KafkaSpec{GroupProtocolEpoch: tt.epoch})
+		if got != tt.want {
+			t.Errorf("GroupProtocol(%s, epoch %d) = %q, want %q", tt.claimProtocol, tt.epoch, got, tt.want)
+		}
+		if seen[got] {
+			t.Errorf("two claim protocols or epochs share the group protocol %q", got)
+		}
+		seen[got] = true
+		for _, ordinary := range []string{"range", "roundrobin", "sticky", "cooperative-sticky"} {
+			if got == ordinary {
+				t.Errorf("GroupProtocol = %q, an ordinary assignor any client supports", got)
+			}
+		}
+	}
+}
