@@ -16,6 +16,9 @@ const (
 	ConditionProgressing = "Progressing"
 	// ConditionDegraded is True when something needs a person's attention although the inbox may run.
 	ConditionDegraded = "Degraded"
+	// ConditionScalingLimited is True when fewer consumers run than spec.replicas asks for: the
+	// topics' partition count or the connection budget caps them.
+	ConditionScalingLimited = "ScalingLimited"
 )
 
 // ApproveRolloutAnnotation is the annotation that, set to the target engine version, lets a

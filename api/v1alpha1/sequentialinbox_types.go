@@ -45,7 +45,9 @@ type SequentialInboxSpec struct {
 	// +kubebuilder:default={}
 	Housekeeping HousekeepingSpec `json:"housekeeping,omitempty"`
 
-	// Replicas is the number of consumer pods.
+	// Replicas is the number of consumer pods asked for; the scale subresource (kubectl scale,
+	// HorizontalPodAutoscaler, KEDA) sets it. The operator runs at most as many consumers as the
+	// topics have partitions and the connection budget allows (condition ScalingLimited).
 	// +optional
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=0
@@ -349,7 +351,7 @@ type SequentialInboxStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Conditions: Ready, ConfigValid, SchemaReady, RolloutBlocked, Progressing, Degraded.
+	// Conditions: Ready, ConfigValid, SchemaReady, RolloutBlocked, Progressing, Degraded, ScalingLimited.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -386,6 +388,10 @@ type SequentialInboxStatus struct {
 	// Replicas is the number of consumer pods the Deployment asks for.
 	// +optional
 	Replicas int32 `json:"replicas,omitempty"`
+
+	// Selector is the label selector of the consumer pods, for the scale subresource.
+	// +optional
+	Selector string `json:"selector,omitempty"`
 
 	// ReplicasReady is the number of ready consumer pods.
 	// +optional
@@ -439,6 +445,7 @@ type JobRunStatus struct {
 // to the team's HTTP service.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 40 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS label of at most 40 characters: it names the consumer Deployment, the metrics Service and the Jobs"
 // +kubebuilder:resource:shortName=sqi,categories=seqinbox
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`

@@ -13,23 +13,32 @@ import (
 // migrationJobConnections is what a probe or migration Job holds while it runs next to the consumers.
 const migrationJobConnections = 1
 
-// checkConnectionBudget rejects a spec whose consumers (poolSize × replicas) plus one Job
-// connection do not fit into spec.database.connectionBudget: the pools would exhaust the
-// database's connections at the worst moment, under load.
+// checkConnectionBudget rejects a spec in which not even one consumer (poolSize) plus one Job
+// connection fits into spec.database.connectionBudget. More replicas than the budget fits are
+// not an error: the operator runs as many as fit (budgetReplicas) and says so in ScalingLimited,
+// so that an autoscaler asking for more never invalidates the inbox.
 func checkConnectionBudget(spec *v1alpha1.SequentialInboxSpec) *field.Error {
 	if spec.Database.ConnectionBudget == nil {
 		return nil
 	}
 	budget := *spec.Database.ConnectionBudget
-	replicas := ptr.Deref(spec.Replicas, 1)
-	needed := int64(spec.Database.PoolSize)*int64(replicas) + migrationJobConnections
+	needed := int64(spec.Database.PoolSize) + migrationJobConnections
 	if needed <= int64(budget) {
 		return nil
 	}
 	return field.Invalid(field.NewPath("spec", "database", "poolSize"), spec.Database.PoolSize,
-		fmt.Sprintf("%d connections × %d replicas + %d for the migration Job = %d exceed spec.database.connectionBudget %d; "+
-			"lower poolSize or replicas, or raise the budget", spec.Database.PoolSize, replicas,
-			migrationJobConnections, needed, budget))
+		fmt.Sprintf("one consumer's %d connections + %d for the migration Job = %d exceed spec.database.connectionBudget %d; "+
+			"lower poolSize or raise the budget", spec.Database.PoolSize, migrationJobConnections, needed, budget))
+}
+
+// budgetReplicas is how many consumers fit into spec.database.connectionBudget next to the
+// migration Job's connection; false without a budget.
+func budgetReplicas(spec *v1alpha1.SequentialInboxSpec) (int32, bool) {
+	if spec.Database.ConnectionBudget == nil || spec.Database.PoolSize <= 0 {
+		return 0, false
+	}
+	free := max(*spec.Database.ConnectionBudget-migrationJobConnections, 0)
+	return free / spec.Database.PoolSize, true
 }
 
 // worstCaseRecordTime is the longest one record may take: it can release a chain of longestChain

@@ -18,7 +18,7 @@ func budgetSpec(poolSize, replicas int32, budget *int32) *v1alpha1.SequentialInb
 	}
 }
 
-func TestConnectionBudgetCountsEveryReplicaAndTheMigrationJob(t *testing.T) {
+func TestConnectionBudgetMustFitOneConsumerAndTheMigrationJob(t *testing.T) {
 	cases := []struct {
 		name                string
 		pool, replicas      int32
@@ -27,11 +27,11 @@ func TestConnectionBudgetCountsEveryReplicaAndTheMigrationJob(t *testing.T) {
 		wantMessageContains string
 	}{
 		{name: "no budget is never exceeded", pool: 100, replicas: 100, budget: nil},
-		{name: "pools plus the job fit exactly", pool: 10, replicas: 3, budget: ptr.To(int32(31))},
-		{name: "the job's connection does not fit", pool: 10, replicas: 3, budget: ptr.To(int32(30)),
-			wantErr: true, wantMessageContains: "10 connections × 3 replicas + 1 for the migration Job = 31 exceed spec.database.connectionBudget 30"},
-		{name: "zero replicas still need the job", pool: 10, replicas: 0, budget: ptr.To(int32(2))},
-		{name: "far over budget", pool: 50, replicas: 10, budget: ptr.To(int32(100)), wantErr: true, wantMessageContains: "= 501 exceed"},
+		{name: "one pool plus the job fit exactly", pool: 10, replicas: 1, budget: ptr.To(int32(11))},
+		{name: "more replicas than fit are capped, not invalid", pool: 10, replicas: 3, budget: ptr.To(int32(30))},
+		{name: "the job's connection does not fit next to one pool", pool: 10, replicas: 1, budget: ptr.To(int32(10)),
+			wantErr: true, wantMessageContains: "one consumer's 10 connections + 1 for the migration Job = 11 exceed spec.database.connectionBudget 10"},
+		{name: "zero replicas still need room for one", pool: 10, replicas: 0, budget: ptr.To(int32(2)), wantErr: true, wantMessageContains: "= 11 exceed"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -74,13 +74,16 @@ type manifestMetadata struct {
 	Namespace string `json:"namespace"`
 }
 
-// renderManifest renders the inbox as the YAML that `seqinbox consume -f` reads.
+// renderManifest renders the inbox as the YAML that `seqinbox consume -f` reads. The replica
+// count is left out: a consumer does not read it, and scaling must not roll the consumers.
 func renderManifest(inbox *v1alpha1.SequentialInbox) ([]byte, error) {
+	spec := *inbox.Spec.DeepCopy()
+	spec.Replicas = nil
 	data, err := yaml.Marshal(manifestDocument{
 		APIVersion: v1alpha1.GroupVersion.String(),
 		Kind:       "SequentialInbox",
 		Metadata:   manifestMetadata{Name: inbox.Name, Namespace: inbox.Namespace},
-		Spec:       inbox.Spec,
+		Spec:       spec,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("render manifest of %s: %w", inbox.Name, err)

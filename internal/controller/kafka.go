@@ -30,9 +30,11 @@ type KafkaConnection struct {
 }
 
 // GroupInspector lists the members of a Kafka consumer group; the rollout gate waits until the
-// old consumers left the group. It is the reconciler's only view of Kafka.
+// old consumers left the group. It also counts the partitions of topics, which cap the consumers
+// worth running. It is the reconciler's only view of Kafka.
 type GroupInspector interface {
 	GroupMembers(ctx context.Context, conn KafkaConnection, group string) ([]string, error)
+	TopicPartitions(ctx context.Context, conn KafkaConnection, topics []string) (map[string]int32, error)
 }
 
 // KafkaGroups is the GroupInspector over franz-go's admin client; it describes classic groups
@@ -45,25 +47,13 @@ type KafkaGroups struct {
 // GroupMembers returns "memberID (client, host)" for every member of the group; a group that
 // does not exist has none.
 func (k KafkaGroups) GroupMembers(ctx context.Context, conn KafkaConnection, group string) ([]string, error) {
-	timeout := k.Timeout
-	if timeout == 0 {
-		timeout = 10 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, k.timeout())
 	defer cancel()
-	opts := []kgo.Opt{kgo.SeedBrokers(conn.Bootstrap...), kgo.ClientID("seqinbox-operator")}
-	if conn.TLS != nil {
-		opts = append(opts, kgo.DialTLSConfig(conn.TLS))
-	}
-	if conn.SASL != nil {
-		opts = append(opts, kgo.SASL(conn.SASL))
-	}
-	cl, err := kgo.NewClient(opts...)
+	adm, err := adminClient(conn)
 	if err != nil {
-		return nil, fmt.Errorf("kafka client for %v: %w", conn.Bootstrap, err)
+		return nil, err
 	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
+	defer adm.Close()
 
 	// A group converted to KIP-848 may list a member through both APIs: each is named once.
 	var members []string
@@ -103,6 +93,30 @@ func (k KafkaGroups) GroupMembers(ctx context.Context, conn KafkaConnection, gro
 		}
 	}
 	return members, nil
+}
+
+// timeout bounds one inspection.
+func (k KafkaGroups) timeout() time.Duration {
+	if k.Timeout == 0 {
+		return 10 * time.Second
+	}
+	return k.Timeout
+}
+
+// adminClient connects to the brokers of conn as the operator; Close releases it.
+func adminClient(conn KafkaConnection) (*kadm.Client, error) {
+	opts := []kgo.Opt{kgo.SeedBrokers(conn.Bootstrap...), kgo.ClientID("seqinbox-operator")}
+	if conn.TLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(conn.TLS))
+	}
+	if conn.SASL != nil {
+		opts = append(opts, kgo.SASL(conn.SASL))
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka client for %v: %w", conn.Bootstrap, err)
+	}
+	return kadm.NewClient(cl), nil
 }
 
 func describeMember(id, clientID, host string) string {

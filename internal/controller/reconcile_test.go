@@ -126,7 +126,7 @@ func TestInvalidSpecsLeaveTheRunningConsumersUntouched(t *testing.T) {
 			s.Sequences[1].Messages = append(s.Sequences[1].Messages, v1alpha1.MessageSpec{Type: "OrderPaid"})
 		}},
 		{name: "pools over the connection budget", wantField: "spec.database.poolSize", edit: func(s *v1alpha1.SequentialInboxSpec) {
-			s.Database.PoolSize, s.Database.ConnectionBudget = 10, ptr.To(int32(20)) // 2 replicas × 10 + 1 > 20
+			s.Database.PoolSize, s.Database.ConnectionBudget = 20, ptr.To(int32(20)) // one consumer's 20 + the Job's 1 > 20
 		}},
 	}
 	for _, tc := range cases {

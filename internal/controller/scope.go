@@ -44,6 +44,11 @@ type scope struct {
 	running      engine
 	// target is what the target image speaks (probeTarget).
 	target engine
+	// replicas is what the consumer Deployment asks for: spec.replicas, capped (planReplicas).
+	replicas int32
+	// recheck, when set, brings a pass that reached its end back after it (for what no watch
+	// reports, such as a topic's partition count).
+	recheck time.Duration
 	// waiting says why the pass stopped before the end (Progressing, Ready).
 	waiting *note
 	// problems need a person's attention although the inbox may run (Degraded).

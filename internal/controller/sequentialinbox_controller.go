@@ -186,7 +186,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 // reconcilePhases is the inner reconcile: the phases in order, each of which lets the pass go
 // on, stops it to wait, or fails it. The generation counts as observed only when every phase ran.
 func (r *Reconciler) reconcilePhases(ctx context.Context, s *scope) (ctrl.Result, error) {
-	phases := []phaseFunc{r.validate, r.renderConfig, r.probeTarget, r.gateRollout, r.migrateSchema, r.ensureWorkload}
+	phases := []phaseFunc{r.validate, r.renderConfig, r.probeTarget, r.gateRollout, r.migrateSchema, r.planReplicas, r.ensureWorkload}
 	for _, phase := range phases {
 		res, err := phase(ctx, s)
 		if err != nil {
@@ -197,7 +197,7 @@ func (r *Reconciler) reconcilePhases(ctx context.Context, s *scope) (ctrl.Result
 		}
 	}
 	s.inbox.Status.ObservedGeneration = s.inbox.Generation
-	return ctrl.Result{}, nil
+	return ctrl.Result{RequeueAfter: s.recheck}, nil
 }
 
 // observe reads what runs: the consumer Deployment and the consumer pods.

@@ -169,6 +169,7 @@ func summarize(s *scope) {
 	s.setCondition(readyCondition(s))
 	st := &s.inbox.Status
 	st.Replicas = desiredReplicas(s.deployment)
+	st.Selector = consumerSelector(s.inbox)
 	st.ReplicasReady = 0
 	if s.deployment != nil {
 		st.ReplicasReady = s.deployment.Status.ReadyReplicas

@@ -117,7 +117,7 @@ func newHarness(t *testing.T) *harness {
 	t.Helper()
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
-	h := &harness{t: t, ctx: t.Context(), ns: "t-" + hex.EncodeToString(suffix), seeds: testenv.Kafka(t, 1, "orders"),
+	h := &harness{t: t, ctx: t.Context(), ns: "t-" + hex.EncodeToString(suffix), seeds: testenv.Kafka(t, 4, "orders"),
 		clock: clocktesting.NewFakeClock(time.Now().Truncate(time.Second))}
 	h.must(k8s.Create(h.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: h.ns}}))
 	h.must(k8s.Create(h.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: h.ns},

@@ -89,7 +89,7 @@ func consumerDeployment(s *scope) *appsv1.Deployment {
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
 		ObjectMeta: metav1.ObjectMeta{Name: deploymentName(inbox), Namespace: inbox.Namespace, Labels: labels},
 		Spec: appsv1.DeploymentSpec{
-			Replicas:             ptr.To(ptr.Deref(inbox.Spec.Replicas, 1)),
+			Replicas:             ptr.To(s.replicas),
 			Selector:             &metav1.LabelSelector{MatchLabels: selectorLabels(inbox, componentConsumer)},
 			RevisionHistoryLimit: ptr.To(int32(3)),
 			// Within one claim protocol old and new consumers may overlap; never fewer than asked.
