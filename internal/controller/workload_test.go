@@ -28,7 +28,7 @@ func renderScope() *scope {
 			Replicas: ptr.To(int32(3)),
 		},
 	}
-	return &scope{inbox: inbox, image: engineV1.Image, target: engineV1, configMap: "orders-config-0123456789", configHash: "0123456789abcdef"}
+	return &scope{inbox: inbox, image: engineV1.Image, target: engineV1, configMap: "orders-config-0123456789", configHash: "0123456789abcdef", replicas: 3}
 }
 
 func TestConsumerPodsRunNonRootWithReadOnlyRootAndNoPrivileges(t *testing.T) {
