@@ -238,7 +238,7 @@ func (e *Engine) Process(ctx context.Context, rec Record) (Result, error) {
 		if err != nil {
 			return Result{}, err
 		}
-		res, after, err = e.claimAndProcess(ctx, conn, instanceID, mt, msg)
+		res, after, err = e.processUnderProtocol(ctx, conn, instanceID, mt, msg)
 		if errors.Is(err, errInstanceGone) && attempt < maxInstanceAttempts {
 			e.instances.evict(instanceKey{mt.Sequence.Name, rec.ContextID})
 			continue

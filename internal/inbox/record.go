@@ -2,11 +2,6 @@ package inbox
 
 import "time"
 
-// ClaimProtocol names the claim semantics this engine speaks. Consumers with different claim
-// protocols must never process side by side; the operator's rollout gate and the engine's
-// registry fence compare it. Change it whenever the claim or release transactions change meaning.
-const ClaimProtocol = "insert-first-v1"
-
 // Header is one record header, kept in order and byte for byte.
 type Header struct {
 	Key   string
