@@ -120,6 +120,15 @@ func TestAPIServerRejectsInvalidInboxes(t *testing.T) {
 		}, "at most 40 characters"},
 		"name that is no DNS label": {func(s *v1alpha1.SequentialInbox) { s.Name = "orders.v2" }, "must be a DNS label"},
 		"topic with a space":        {func(s *v1alpha1.SequentialInbox) { s.Spec.Kafka.Topics = []string{"my orders"} }, "spec.kafka.topics[0]"},
+		"SASL PLAIN without TLS": {func(s *v1alpha1.SequentialInbox) {
+			s.Spec.Kafka.SASL = &v1alpha1.KafkaSASL{Mechanism: "PLAIN", Username: "u",
+				PasswordSecretRef: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "u"}, Key: "password"}}
+		}, "SASL PLAIN sends the password in clear text"},
+		"SASL user name twice": {func(s *v1alpha1.SequentialInbox) {
+			s.Spec.Kafka.SASL = &v1alpha1.KafkaSASL{Mechanism: "SCRAM-SHA-512", Username: "u",
+				UsernameSecretRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "u"}, Key: "user"},
+				PasswordSecretRef: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "u"}, Key: "password"}}
+		}, "exactly one of spec.kafka.sasl.username and spec.kafka.sasl.usernameSecretRef"},
 	}
 	i := 0
 	for name, tc := range cases {

@@ -89,6 +89,7 @@ const (
 )
 
 // KafkaSpec says where records are read from and as which consumer group.
+// +kubebuilder:validation:XValidation:rule="!has(self.sasl) || self.sasl.mechanism != 'PLAIN' || has(self.tls) || (has(self.sasl.allowPlainWithoutTLS) && self.sasl.allowPlainWithoutTLS)",message="SASL PLAIN sends the password in clear text: set spec.kafka.tls, or spec.kafka.sasl.allowPlainWithoutTLS on a trusted network"
 type KafkaSpec struct {
 	// BootstrapServers are host:port pairs of the Kafka brokers.
 	// +kubebuilder:validation:MinItems=1
@@ -143,19 +144,55 @@ type KafkaSpec struct {
 // KafkaTLS configures TLS to the brokers.
 type KafkaTLS struct {
 	// CASecretRef names a Secret key holding the PEM CA bundle; unset uses the system roots.
+	// Strimzi: the cluster CA Secret `<cluster>-cluster-ca-cert`, key `ca.crt`.
 	// +optional
 	CASecretRef *corev1.SecretKeySelector `json:"caSecretRef,omitempty"`
+
+	// ClientCertificate authenticates the consumer to the brokers with a TLS client certificate.
+	// +optional
+	ClientCertificate *KafkaClientCertificate `json:"clientCertificate,omitempty"`
 }
 
-// KafkaSASL configures SASL authentication to the brokers.
+// KafkaClientCertificate names the Secret that holds a PEM client certificate and its private
+// key: a Strimzi KafkaUser Secret (keys user.crt and user.key, the defaults) or a
+// kubernetes.io/tls Secret (set the keys to tls.crt and tls.key).
+type KafkaClientCertificate struct {
+	// SecretName is the Secret in the inbox's namespace; for Strimzi, the KafkaUser's name.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	SecretName string `json:"secretName"`
+	// CertificateKey is the key of the PEM certificate (chain); empty means user.crt.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	CertificateKey string `json:"certificateKey,omitempty"`
+	// PrivateKeyKey is the key of the PEM private key; empty means user.key.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	PrivateKeyKey string `json:"privateKeyKey,omitempty"`
+}
+
+// KafkaSASL configures SASL authentication to the brokers. Strimzi's format: username is the
+// KafkaUser's name and passwordSecretRef its Secret's key `password`; a plain key/value Secret
+// names both keys (usernameSecretRef, passwordSecretRef).
+// +kubebuilder:validation:XValidation:rule="has(self.username) != has(self.usernameSecretRef)",message="set exactly one of spec.kafka.sasl.username and spec.kafka.sasl.usernameSecretRef"
 type KafkaSASL struct {
 	// Mechanism is the SASL mechanism.
 	// +kubebuilder:validation:Enum=PLAIN;SCRAM-SHA-256;SCRAM-SHA-512
 	Mechanism string `json:"mechanism"`
+	// Username is the user name, when it is not kept in a Secret (Strimzi: the KafkaUser's name).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Username string `json:"username,omitempty"`
 	// UsernameSecretRef names the Secret key holding the user name.
-	UsernameSecretRef corev1.SecretKeySelector `json:"usernameSecretRef"`
-	// PasswordSecretRef names the Secret key holding the password.
+	// +optional
+	UsernameSecretRef *corev1.SecretKeySelector `json:"usernameSecretRef,omitempty"`
+	// PasswordSecretRef names the Secret key holding the password (Strimzi: the KafkaUser's
+	// Secret, key `password`).
 	PasswordSecretRef corev1.SecretKeySelector `json:"passwordSecretRef"`
+	// AllowPlainWithoutTLS lets the PLAIN mechanism send the password unencrypted, without
+	// spec.kafka.tls. Refused otherwise.
+	// +optional
+	AllowPlainWithoutTLS bool `json:"allowPlainWithoutTLS,omitempty"`
 }
 
 // DatabaseSpec says where the inbox state lives and how many connections a consumer may use.

@@ -58,7 +58,8 @@ dead letters.`,
 			if err != nil {
 				return err
 			}
-			k := consumer.Kafka{Username: os.Getenv(envKafkaUsername), Password: os.Getenv(envKafkaPassword), CAFile: os.Getenv(envKafkaCAFile)}
+			k := consumer.Kafka{Username: os.Getenv(envKafkaUsername), Password: os.Getenv(envKafkaPassword), CAFile: os.Getenv(envKafkaCAFile),
+				CertFile: os.Getenv(envKafkaCertFile), KeyFile: os.Getenv(envKafkaKeyFile)}
 			if bootstrap != "" {
 				k.BootstrapServers = strings.Split(bootstrap, ",")
 			}

@@ -24,6 +24,8 @@ const (
 	envKafkaUsername    = "SEQINBOX_KAFKA_USERNAME"
 	envKafkaPassword    = "SEQINBOX_KAFKA_PASSWORD"
 	envKafkaCAFile      = "SEQINBOX_KAFKA_CA_FILE"
+	envKafkaCertFile    = "SEQINBOX_KAFKA_CERT_FILE"
+	envKafkaKeyFile     = "SEQINBOX_KAFKA_KEY_FILE"
 )
 
 // Output formats of --output.

@@ -2,8 +2,6 @@ package consumer
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -13,12 +11,11 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/sasl/plain"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/fence"
 	"github.com/seqinbox/seqinbox/internal/inbox"
+	"github.com/seqinbox/seqinbox/internal/kafkaauth"
 )
 
 // Config is what one consumer runs: the SequentialInbox (with its CRD defaults applied, as
@@ -64,6 +61,8 @@ type Kafka struct {
 	Username, Password string
 	// CAFile is a PEM CA bundle for spec.kafka.tls; empty uses the system roots.
 	CAFile string
+	// CertFile and KeyFile are the PEM client certificate and key of spec.kafka.tls.clientCertificate.
+	CertFile, KeyFile string
 }
 
 // Defaults of the runtime's own knobs (not part of the SequentialInbox).
@@ -141,36 +140,40 @@ func ConnectionOptions(spec *v1alpha1.KafkaSpec, k Kafka) ([]kgo.Opt, error) {
 	if len(seeds) == 0 {
 		seeds = spec.BootstrapServers
 	}
-	opts := []kgo.Opt{kgo.SeedBrokers(seeds...)}
-	if spec.TLS != nil {
-		tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
-		if k.CAFile != "" {
-			pem, err := os.ReadFile(k.CAFile)
-			if err != nil {
-				return nil, fmt.Errorf("kafka CA bundle: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("kafka CA bundle %s holds no PEM certificate", k.CAFile)
-			}
-			tlsCfg.RootCAs = pool
-		}
-		opts = append(opts, kgo.DialTLSConfig(tlsCfg))
+	m := kafkaauth.Material{Username: k.Username, Password: k.Password}
+	files := []struct {
+		what, path string
+		into       *[]byte
+	}{
+		{"CA bundle", k.CAFile, &m.CA},
+		{"client certificate", k.CertFile, &m.Certificate},
+		{"client key", k.KeyFile, &m.PrivateKey},
 	}
-	if spec.SASL != nil {
-		switch spec.SASL.Mechanism {
-		case "PLAIN":
-			opts = append(opts, kgo.SASL(plain.Auth{User: k.Username, Pass: k.Password}.AsMechanism()))
-		case "SCRAM-SHA-256":
-			opts = append(opts, kgo.SASL(scram.Auth{User: k.Username, Pass: k.Password}.AsSha256Mechanism()))
-		case "SCRAM-SHA-512":
-			opts = append(opts, kgo.SASL(scram.Auth{User: k.Username, Pass: k.Password}.AsSha512Mechanism()))
-		default:
-			return nil, fmt.Errorf("spec.kafka.sasl.mechanism %q: use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", spec.SASL.Mechanism)
+	for _, f := range files {
+		if f.path == "" {
+			continue
 		}
+		data, err := os.ReadFile(f.path)
+		if err != nil {
+			return nil, fmt.Errorf("kafka %s: %w", f.what, err)
+		}
+		*f.into = data
 	}
-	return opts, nil
+	if spec.TLS != nil && spec.TLS.ClientCertificate != nil && (k.CertFile == "" || k.KeyFile == "") {
+		return nil, fmt.Errorf("spec.kafka.tls.clientCertificate needs the certificate and key files: %s and %s", envCertFile, envKeyFile)
+	}
+	auth, err := kafkaauth.Options(spec, m)
+	if err != nil {
+		return nil, err
+	}
+	return append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, auth...), nil
 }
+
+// Variables through which a pod gets the client certificate files; named in errors.
+const (
+	envCertFile = "SEQINBOX_KAFKA_CERT_FILE"
+	envKeyFile  = "SEQINBOX_KAFKA_KEY_FILE"
+)
 
 // kafkaLogger passes franz-go's warnings and errors (broker connections, group management) to
 // the consumer's log.

@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"time"
@@ -13,12 +12,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl"
-	"github.com/twmb/franz-go/pkg/sasl/plain"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/kafkaauth"
 )
 
 // KafkaConnection is how the operator reaches an inbox's brokers: the bootstrap servers and,
@@ -141,42 +139,48 @@ func supportsConsumerGroups(ctx context.Context, adm *kadm.Client) (bool, error)
 // kafkaConnection builds the connection of an inbox, reading its TLS and SASL Secrets (get only,
 // without a cache: the operator keeps no Secret in memory).
 func (r *Reconciler) kafkaConnection(ctx context.Context, inbox *v1alpha1.SequentialInbox) (KafkaConnection, error) {
-	conn := KafkaConnection{Bootstrap: inbox.Spec.Kafka.BootstrapServers}
-	if t := inbox.Spec.Kafka.TLS; t != nil {
-		conn.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+	spec := &inbox.Spec.Kafka
+	conn := KafkaConnection{Bootstrap: spec.BootstrapServers}
+	var m kafkaauth.Material
+	read := func(ref corev1.SecretKeySelector, into *[]byte) error {
+		value, err := r.secretValue(ctx, inbox.Namespace, ref)
+		*into = value
+		return err
+	}
+	if t := spec.TLS; t != nil {
 		if t.CASecretRef != nil {
-			pem, err := r.secretValue(ctx, inbox.Namespace, *t.CASecretRef)
-			if err != nil {
+			if err := read(*t.CASecretRef, &m.CA); err != nil {
 				return conn, err
 			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return conn, fmt.Errorf("secret %s key %s holds no PEM certificate", t.CASecretRef.Name, t.CASecretRef.Key)
+		}
+		if c := t.ClientCertificate; c != nil {
+			certRef, keyRef := kafkaauth.ClientCertificateRefs(c)
+			if err := read(certRef, &m.Certificate); err != nil {
+				return conn, err
 			}
-			conn.TLS.RootCAs = pool
+			if err := read(keyRef, &m.PrivateKey); err != nil {
+				return conn, err
+			}
 		}
 	}
-	if s := inbox.Spec.Kafka.SASL; s != nil {
-		user, err := r.secretValue(ctx, inbox.Namespace, s.UsernameSecretRef)
-		if err != nil {
+	if s := spec.SASL; s != nil {
+		m.Username = s.Username
+		if s.UsernameSecretRef != nil {
+			var user []byte
+			if err := read(*s.UsernameSecretRef, &user); err != nil {
+				return conn, err
+			}
+			m.Username = string(user)
+		}
+		var pass []byte
+		if err := read(s.PasswordSecretRef, &pass); err != nil {
 			return conn, err
 		}
-		pass, err := r.secretValue(ctx, inbox.Namespace, s.PasswordSecretRef)
-		if err != nil {
-			return conn, err
-		}
-		switch s.Mechanism {
-		case "PLAIN":
-			conn.SASL = plain.Auth{User: string(user), Pass: string(pass)}.AsMechanism()
-		case "SCRAM-SHA-256":
-			conn.SASL = scram.Auth{User: string(user), Pass: string(pass)}.AsSha256Mechanism()
-		case "SCRAM-SHA-512":
-			conn.SASL = scram.Auth{User: string(user), Pass: string(pass)}.AsSha512Mechanism()
-		default:
-			return conn, fmt.Errorf("SASL mechanism %q is not supported", s.Mechanism)
-		}
+		m.Password = string(pass)
 	}
-	return conn, nil
+	var err error
+	conn.TLS, conn.SASL, err = kafkaauth.Build(spec, m)
+	return conn, err
 }
 
 // secretValue reads one key of a Secret in the inbox's namespace.

@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/kafkaauth"
 )
 
 // Scaling: spec.replicas is the one place a replica count is set — by the user, `kubectl scale`
@@ -26,6 +27,9 @@ const (
 	reasonPartitionCount        = "PartitionCount"
 	reasonConnectionBudget      = "ConnectionBudget"
 	reasonPartitionCountUnknown = "PartitionCountUnknown"
+	// reasonKafkaAccessFailed (Degraded): the brokers refused or did not answer the operator,
+	// which connects with the same settings and Secrets as the consumers.
+	reasonKafkaAccessFailed = "KafkaAccessFailed"
 )
 
 // partitionRecheck is how often a pass reads the partition count again while it caps or could
@@ -97,6 +101,7 @@ func (r *Reconciler) planReplicas(ctx context.Context, s *scope) (phaseResult, e
 		switch c, ok := partitionCap(partitions); {
 		case err != nil:
 			readErr = err
+			s.problem(reasonKafkaAccessFailed, fmt.Sprintf("The operator cannot read the topics: %v.", err))
 		case ok:
 			caps = append(caps, c)
 		default:
@@ -121,13 +126,18 @@ func (r *Reconciler) planReplicas(ctx context.Context, s *scope) (phaseResult, e
 	return proceed, nil
 }
 
-// topicPartitions reads the partition counts of the inbox's topics.
+// topicPartitions reads the partition counts of the inbox's topics; an error names how the
+// operator connected, so that a wrong password or certificate is recognisable.
 func (r *Reconciler) topicPartitions(ctx context.Context, s *scope) (map[string]int32, error) {
+	spec := &s.inbox.Spec.Kafka
 	conn, err := r.kafkaConnection(ctx, s.inbox)
-	if err != nil {
-		return nil, err
+	if err == nil {
+		var partitions map[string]int32
+		if partitions, err = r.Groups.TopicPartitions(ctx, conn, spec.Topics); err == nil {
+			return partitions, nil
+		}
 	}
-	return r.Groups.TopicPartitions(ctx, conn, s.inbox.Spec.Kafka.Topics)
+	return nil, fmt.Errorf("brokers %s, %s: %w", strings.Join(spec.BootstrapServers, ","), kafkaauth.Describe(spec), err)
 }
 
 // consumerSelector is the label selector of the consumer pods, as the scale subresource reports it.

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -175,4 +176,40 @@ func TestUnreadablePartitionCountDoesNotCap(t *testing.T) {
 	}
 	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionUnknown, reasonPartitionCountUnknown,
 		"none of the topics orders exists yet")
+}
+
+func TestStrimziSecretsReachASecuredKafkaAndAWrongPasswordIsACondition(t *testing.T) {
+	h := newHarness(t)
+	pki := testenv.NewPKI(t)
+	h.seeds = testenv.SecureKafka(t, pki, "SCRAM-SHA-512", "orders-user", "s3cret", 4, "orders")
+	cert, key := pki.Client(t, "orders-user")
+	// What Strimzi creates: the cluster CA Secret and the KafkaUser's Secret.
+	h.must(k8s.Create(h.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "my-cluster-cluster-ca-cert", Namespace: h.ns},
+		Data: map[string][]byte{"ca.crt": pki.CAPEM}}))
+	h.must(k8s.Create(h.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "orders-user", Namespace: h.ns},
+		Data: map[string][]byte{"user.crt": cert, "user.key": key, "password": []byte("s3cret")}}))
+	h.create("orders", func(in *v1alpha1.SequentialInbox) {
+		in.Spec.Kafka.TLS = &v1alpha1.KafkaTLS{
+			CASecretRef:       &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "my-cluster-cluster-ca-cert"}, Key: "ca.crt"},
+			ClientCertificate: &v1alpha1.KafkaClientCertificate{SecretName: "orders-user"},
+		}
+		in.Spec.Kafka.SASL = &v1alpha1.KafkaSASL{Mechanism: "SCRAM-SHA-512", Username: "orders-user",
+			PasswordSecretRef: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "orders-user"}, Key: "password"}}
+	})
+	h.bringUp("orders")
+	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionFalse, reasonWithinLimits)
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, reasonAsExpected)
+
+	h.must(k8s.Update(h.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "orders-user", Namespace: h.ns},
+		Data: map[string][]byte{"user.crt": cert, "user.key": key, "password": []byte("wrong")}}))
+	res := h.reconcile("orders") // fails the test on a reconcile error: no crash loop
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, reasonKafkaAccessFailed,
+		"SASL SCRAM-SHA-512", `user "orders-user"`, "Secret orders-user key password", "client certificate of Secret orders-user")
+	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionUnknown, reasonPartitionCountUnknown)
+	if res.RequeueAfter != partitionRecheck {
+		t.Errorf("requeue after %s, want %s: a fixed Secret raises no watch event", res.RequeueAfter, partitionRecheck)
+	}
+	if got := *h.deployment("orders").Spec.Replicas; got != 2 {
+		t.Errorf("deployment replicas = %d, want the running 2 left alone", got)
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/kafkaauth"
 )
 
 // The consumer container's name, ports and files.
@@ -26,6 +27,8 @@ const (
 	metricsPort       = 8080
 	healthPort        = 8081
 	kafkaCAFile       = "kafka-ca.crt"
+	kafkaCertFile     = "kafka-client.crt"
+	kafkaKeyFile      = "kafka-client.key"
 	// runAsUser is the distroless "nonroot" user the image runs as.
 	runAsUser = 65532
 	// shutdownMargin is added to maxPollIntervalMs for the termination grace period: a consumer
@@ -170,17 +173,26 @@ func consumerPodSpec(s *scope) corev1.PodSpec {
 	}
 }
 
-// configSources project the rendered manifest and, with TLS, the Kafka CA into configDir.
+// configSources project the rendered manifest and, with TLS, the Kafka CA and the client
+// certificate and key into configDir.
 func configSources(s *scope) []corev1.VolumeProjection {
 	sources := []corev1.VolumeProjection{{ConfigMap: &corev1.ConfigMapProjection{
 		LocalObjectReference: corev1.LocalObjectReference{Name: s.configMap},
 		Items:                []corev1.KeyToPath{{Key: configKey, Path: configKey}},
 	}}}
-	if tls := s.inbox.Spec.Kafka.TLS; tls != nil && tls.CASecretRef != nil {
-		sources = append(sources, corev1.VolumeProjection{Secret: &corev1.SecretProjection{
-			LocalObjectReference: tls.CASecretRef.LocalObjectReference,
-			Items:                []corev1.KeyToPath{{Key: tls.CASecretRef.Key, Path: kafkaCAFile}},
-		}})
+	secretFile := func(ref corev1.SecretKeySelector, file string) corev1.VolumeProjection {
+		return corev1.VolumeProjection{Secret: &corev1.SecretProjection{
+			LocalObjectReference: ref.LocalObjectReference,
+			Items:                []corev1.KeyToPath{{Key: ref.Key, Path: file}},
+		}}
+	}
+	tls := s.inbox.Spec.Kafka.TLS
+	if tls != nil && tls.CASecretRef != nil {
+		sources = append(sources, secretFile(*tls.CASecretRef, kafkaCAFile))
+	}
+	if tls != nil && tls.ClientCertificate != nil {
+		cert, key := kafkaauth.ClientCertificateRefs(tls.ClientCertificate)
+		sources = append(sources, secretFile(cert, kafkaCertFile), secretFile(key, kafkaKeyFile))
 	}
 	return sources
 }
@@ -192,12 +204,21 @@ func consumerEnv(inbox *v1alpha1.SequentialInbox) []corev1.EnvVar {
 		databaseURLEnv(inbox),
 	}
 	if sasl := inbox.Spec.Kafka.SASL; sasl != nil {
-		env = append(env,
-			corev1.EnvVar{Name: "SEQINBOX_KAFKA_USERNAME", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: sasl.UsernameSecretRef.DeepCopy()}},
+		user := corev1.EnvVar{Name: "SEQINBOX_KAFKA_USERNAME", Value: sasl.Username}
+		if sasl.UsernameSecretRef != nil {
+			user = corev1.EnvVar{Name: user.Name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: sasl.UsernameSecretRef.DeepCopy()}}
+		}
+		env = append(env, user,
 			corev1.EnvVar{Name: "SEQINBOX_KAFKA_PASSWORD", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: sasl.PasswordSecretRef.DeepCopy()}})
 	}
-	if tls := inbox.Spec.Kafka.TLS; tls != nil && tls.CASecretRef != nil {
+	tls := inbox.Spec.Kafka.TLS
+	if tls != nil && tls.CASecretRef != nil {
 		env = append(env, corev1.EnvVar{Name: "SEQINBOX_KAFKA_CA_FILE", Value: path.Join(configDir, kafkaCAFile)})
+	}
+	if tls != nil && tls.ClientCertificate != nil {
+		env = append(env,
+			corev1.EnvVar{Name: "SEQINBOX_KAFKA_CERT_FILE", Value: path.Join(configDir, kafkaCertFile)},
+			corev1.EnvVar{Name: "SEQINBOX_KAFKA_KEY_FILE", Value: path.Join(configDir, kafkaKeyFile)})
 	}
 	return env
 }

@@ -19,9 +19,10 @@ func renderScope() *scope {
 			Kafka: v1alpha1.KafkaSpec{
 				BootstrapServers: []string{"kafka:9092"}, Topics: []string{"orders"}, ConsumerGroup: "orders",
 				MaxPollIntervalMs: 300000,
-				TLS:               &v1alpha1.KafkaTLS{CASecretRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "kafka-ca"}, Key: "ca.crt"}},
+				TLS: &v1alpha1.KafkaTLS{CASecretRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "kafka-ca"}, Key: "ca.crt"},
+					ClientCertificate: &v1alpha1.KafkaClientCertificate{SecretName: "orders-user"}},
 				SASL: &v1alpha1.KafkaSASL{Mechanism: "SCRAM-SHA-512",
-					UsernameSecretRef: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "kafka-user"}, Key: "user"},
+					UsernameSecretRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "kafka-user"}, Key: "user"},
 					PasswordSecretRef: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "kafka-user"}, Key: "password"}},
 			},
 			Database: v1alpha1.DatabaseSpec{URLSecretRef: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "db"}, Key: "url"}, PoolSize: 10},
@@ -85,12 +86,19 @@ func TestConsumerContainerRunsTheRenderedManifestWithProbesAndMetrics(t *testing
 	if got := env["SEQINBOX_KAFKA_CA_FILE"].Value; got != "/etc/seqinbox/kafka-ca.crt" {
 		t.Errorf("SEQINBOX_KAFKA_CA_FILE = %q", got)
 	}
+	if env["SEQINBOX_KAFKA_CERT_FILE"].Value != "/etc/seqinbox/kafka-client.crt" || env["SEQINBOX_KAFKA_KEY_FILE"].Value != "/etc/seqinbox/kafka-client.key" {
+		t.Errorf("client certificate files = %q, %q", env["SEQINBOX_KAFKA_CERT_FILE"].Value, env["SEQINBOX_KAFKA_KEY_FILE"].Value)
+	}
 	if ref := env["POD_NAME"].ValueFrom; ref == nil || ref.FieldRef.FieldPath != "metadata.name" {
 		t.Errorf("POD_NAME = %+v, want the pod's name", env["POD_NAME"])
 	}
 	sources := d.Spec.Template.Spec.Volumes[0].Projected.Sources
 	if sources[0].ConfigMap.Name != s.configMap || sources[1].Secret.Name != "kafka-ca" || sources[1].Secret.Items[0].Path != kafkaCAFile {
 		t.Errorf("config volume sources = %+v, want the rendered ConfigMap and the CA", sources)
+	}
+	if len(sources) != 4 || sources[2].Secret.Name != "orders-user" || sources[2].Secret.Items[0] != (corev1.KeyToPath{Key: "user.crt", Path: kafkaCertFile}) ||
+		sources[3].Secret.Items[0] != (corev1.KeyToPath{Key: "user.key", Path: kafkaKeyFile}) {
+		t.Errorf("config volume sources = %+v, want the Strimzi KafkaUser Secret's user.crt and user.key", sources)
 	}
 	annotations := d.Spec.Template.Annotations
 	if annotations[annotationConfigHash] != s.configHash || annotations[annotationClaimProtocol] != "insert-first-v1" || annotations[annotationEngineVersion] != "v1.0.0" {
