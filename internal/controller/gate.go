@@ -44,7 +44,7 @@ type gateInput struct {
 // groupView is what the Kafka consumer group looked like.
 type groupView struct {
 	checked bool
-	members []string
+	members []GroupMember
 	err     error
 }
 
@@ -77,10 +77,14 @@ func evaluate(policies []rolloutPolicy, in gateInput) (reason, message string, b
 	return "", "", false
 }
 
-// sameClaimProtocol proves a rollout compatible: the running consumers' protocol is known and
-// equals the target's. An unknown running protocol proves nothing.
+// sameClaimProtocol proves a rollout compatible: the running consumers' claim protocol is known
+// and equals the target's, and so does the group protocol they announce to the broker (which
+// also carries spec.kafka.groupProtocolEpoch). Otherwise the new consumers could never join the
+// group next to the old ones, and a rolling update would wait for them forever. An unknown running
+// protocol proves nothing.
 func sameClaimProtocol(in gateInput) bool {
-	return in.running.known() && in.target.known() && in.running.ClaimProtocol == in.target.ClaimProtocol
+	return in.running.known() && in.target.known() && in.running.ClaimProtocol == in.target.ClaimProtocol &&
+		in.running.GroupProtocol == in.target.GroupProtocol
 }
 
 // oldConsumersRun reports whether anything of the inbox runs or is asked to run.
@@ -116,7 +120,7 @@ func awaitEmptyConsumerGroup(in gateInput) (string, string, bool) {
 		return reasonGroupUnknown, "The Kafka consumer group was not read yet.", true
 	case len(in.group.members) > 0:
 		return reasonWaitingForGroup, fmt.Sprintf("Waiting for %d member(s) to leave the Kafka consumer group: %s.",
-			len(in.group.members), strings.Join(in.group.members, ", ")), true
+			len(in.group.members), describeMembers(in.group.members)), true
 	}
 	return "", "", false
 }
@@ -148,7 +152,14 @@ func describeRunning(e engine) string {
 	if !e.known() {
 		return "consumers of an unknown engine version"
 	}
-	return fmt.Sprintf("engine %s (claim protocol %s)", e.Version, e.ClaimProtocol)
+	return fmt.Sprintf("engine %s (claim protocol %s, group protocol %s)", e.Version, e.ClaimProtocol, orUnknown(e.GroupProtocol))
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
 }
 
 // gateRollout lets the rollout proceed when it is proven compatible or the old consumers are gone,
@@ -165,8 +176,8 @@ func (r *Reconciler) gateRollout(ctx context.Context, s *scope) (phaseResult, er
 	}
 	if sameClaimProtocol(in) {
 		s.setCondition(rolloutBlockedCondition(reasonSameProtocol, fmt.Sprintf(
-			"Engine %s speaks claim protocol %s like the running consumers; they are replaced by a rolling update.",
-			in.target.Version, in.target.ClaimProtocol), false))
+			"Engine %s speaks claim protocol %s and group protocol %s like the running consumers; they are replaced by a rolling update.",
+			in.target.Version, in.target.ClaimProtocol, in.target.GroupProtocol), false))
 		return proceed, nil
 	}
 	if reason, message, blocked := awaitApproval(in); blocked {

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,10 +12,14 @@ import (
 )
 
 var (
-	engineV1 = engine{Image: "seqinbox:v1", Version: "v1.0.0", ClaimProtocol: "insert-first-v1"}
-	engineV2 = engine{Image: "seqinbox:v2", Version: "v2.0.0", ClaimProtocol: "insert-first-v2"}
+	engineV1 = engine{Image: "seqinbox:v1", Version: "v1.0.0", ClaimProtocol: "insert-first-v1", GroupProtocol: "seqinbox-insert-first-v1"}
+	engineV2 = engine{Image: "seqinbox:v2", Version: "v2.0.0", ClaimProtocol: "insert-first-v2", GroupProtocol: "seqinbox-insert-first-v2"}
 	// engineV1Patch speaks the same protocol as engineV1.
-	engineV1Patch = engine{Image: "seqinbox:v1.0.1", Version: "v1.0.1", ClaimProtocol: "insert-first-v1"}
+	engineV1Patch = engine{Image: "seqinbox:v1.0.1", Version: "v1.0.1", ClaimProtocol: "insert-first-v1", GroupProtocol: "seqinbox-insert-first-v1"}
+	// engineV1Epoch1 is engineV1 after spec.kafka.groupProtocolEpoch was raised to 1.
+	engineV1Epoch1 = engine{Image: "seqinbox:v1", Version: "v1.0.0", ClaimProtocol: "insert-first-v1", GroupProtocol: "seqinbox-insert-first-v1-epoch1"}
+	// engineV1Unrecorded runs from a Deployment that does not say which group protocol it announces.
+	engineV1Unrecorded = engine{Image: "seqinbox:v1", Version: "v1.0.0", ClaimProtocol: "insert-first-v1"}
 )
 
 // drained is a gate input in which nothing of the old version is left anywhere.
@@ -34,6 +39,8 @@ func TestSameClaimProtocolIsProvenOnlyWhenBothAreKnown(t *testing.T) {
 	}{
 		{name: "patch release of the same protocol", running: engineV1, target: engineV1Patch, want: true},
 		{name: "different protocol", running: engineV1, target: engineV2, want: false},
+		{name: "same claim protocol, raised group protocol epoch", running: engineV1, target: engineV1Epoch1, want: false},
+		{name: "group protocol of the running consumers unknown", running: engineV1Unrecorded, target: engineV1Patch, want: false},
 		{name: "unknown running protocol proves nothing", running: engine{Image: "seqinbox:old"}, target: engineV1, want: false},
 		{name: "nothing running proves nothing", running: engine{}, target: engineV1, want: false},
 		{name: "unknown target proves nothing", running: engineV1, target: engine{}, want: false},
@@ -110,8 +117,8 @@ func TestAwaitEmptyConsumerGroup(t *testing.T) {
 		wantMention string
 	}{
 		{name: "empty group passes", group: groupView{checked: true}},
-		{name: "a member blocks and is named", group: groupView{checked: true, members: []string{"m-1 (client seqinbox, host /10.0.0.7)"}},
-			wantReason: reasonWaitingForGroup, wantMention: "m-1 (client seqinbox, host /10.0.0.7)"},
+		{name: "a member blocks and is named", group: groupView{checked: true, members: []GroupMember{{ID: "m-1", ClientID: "legacy-app", Host: "/10.0.0.7", Protocol: "range"}}},
+			wantReason: reasonWaitingForGroup, wantMention: "m-1 (client legacy-app, host /10.0.0.7, protocol range)"},
 		{name: "an unreadable group blocks", group: groupView{err: errors.New("dial tcp: connection refused")},
 			wantReason: reasonGroupUnknown, wantMention: "connection refused"},
 		{name: "an unread group blocks", group: groupView{}, wantReason: reasonGroupUnknown},
@@ -173,7 +180,7 @@ func TestPolicyChainReportsTheFirstBlockingPolicyInOrder(t *testing.T) {
 	everything.strategy = v1alpha1.UpgradeSupervised
 	everything.replicas = 2
 	everything.pods = []string{"orders-consumer-abc"}
-	everything.group = groupView{checked: true, members: []string{"m-1"}}
+	everything.group = groupView{checked: true, members: []GroupMember{{ID: "m-1"}}}
 	everything.registry = registryView{pending: "not read"}
 
 	steps := []struct {
@@ -194,5 +201,28 @@ func TestPolicyChainReportsTheFirstBlockingPolicyInOrder(t *testing.T) {
 		if reason != step.reason || blocked != (step.reason != "") {
 			t.Fatalf("%s: evaluate() = %q, %v; want %q", step.name, reason, blocked, step.reason)
 		}
+	}
+}
+
+func TestOtherProtocolMembers(t *testing.T) {
+	ours := GroupMember{ID: "a", ClientID: "seqinbox-orders-0", Protocol: "seqinbox-insert-first-v1"}
+	legacy := GroupMember{ID: "b", ClientID: "legacy-app", Protocol: "range"}
+	rebalancing := GroupMember{ID: "c", ClientID: "unknown"}
+	cases := []struct {
+		name    string
+		members []GroupMember
+		want    []GroupMember
+	}{
+		{name: "empty group", members: nil, want: nil},
+		{name: "only ours", members: []GroupMember{ours}, want: nil},
+		{name: "a legacy application", members: []GroupMember{legacy}, want: []GroupMember{legacy}},
+		{name: "a rebalancing group (no protocol chosen) proves nothing", members: []GroupMember{ours, rebalancing}, want: nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := otherProtocolMembers("seqinbox-insert-first-v1", tc.members); !slices.Equal(got, tc.want) {
+				t.Errorf("otherProtocolMembers() = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -27,12 +28,39 @@ type KafkaConnection struct {
 	SASL      sasl.Mechanism
 }
 
-// GroupInspector lists the members of a Kafka consumer group; the rollout gate waits until the
-// old consumers left the group. It also counts the partitions of topics, which cap the consumers
-// worth running. It is the reconciler's only view of Kafka.
+// GroupInspector lists the members of a Kafka consumer group: the rollout gate waits until the
+// old consumers left the group, and members of another group protocol that keep the consumers
+// out are named in the Degraded condition. It also counts the partitions of topics, which cap the
+// consumers worth running. It is the reconciler's only view of Kafka.
 type GroupInspector interface {
-	GroupMembers(ctx context.Context, conn KafkaConnection, group string) ([]string, error)
+	GroupMembers(ctx context.Context, conn KafkaConnection, group string) ([]GroupMember, error)
 	TopicPartitions(ctx context.Context, conn KafkaConnection, topics []string) (map[string]int32, error)
+}
+
+// GroupMember is a member of a Kafka consumer group, as a condition names it.
+type GroupMember struct {
+	ID, ClientID, Host string
+	// Protocol is the group protocol the member takes part in: the protocol a classic group
+	// chose (range, cooperative-sticky, seqinbox-<claim protocol>, ...; empty while the group
+	// rebalances), or "consumer/<assignor>" in a KIP-848 group.
+	Protocol string
+}
+
+// String names the member for a person: "id (client c, host h, protocol p)".
+func (m GroupMember) String() string {
+	protocol := m.Protocol
+	if protocol == "" {
+		protocol = "not chosen yet"
+	}
+	return fmt.Sprintf("%s (client %s, host %s, protocol %s)", m.ID, m.ClientID, m.Host, protocol)
+}
+
+func describeMembers(members []GroupMember) string {
+	names := make([]string, len(members))
+	for i, m := range members {
+		names[i] = m.String()
+	}
+	return strings.Join(names, ", ")
 }
 
 // KafkaGroups is the GroupInspector over franz-go's admin client; it describes classic groups
@@ -42,9 +70,8 @@ type KafkaGroups struct {
 	Timeout time.Duration
 }
 
-// GroupMembers returns "memberID (client, host)" for every member of the group; a group that
-// does not exist has none.
-func (k KafkaGroups) GroupMembers(ctx context.Context, conn KafkaConnection, group string) ([]string, error) {
+// GroupMembers returns every member of the group; a group that does not exist has none.
+func (k KafkaGroups) GroupMembers(ctx context.Context, conn KafkaConnection, group string) ([]GroupMember, error) {
 	ctx, cancel := context.WithTimeout(ctx, k.timeout())
 	defer cancel()
 	adm, err := adminClient(conn)
@@ -54,12 +81,12 @@ func (k KafkaGroups) GroupMembers(ctx context.Context, conn KafkaConnection, gro
 	defer adm.Close()
 
 	// A group converted to KIP-848 may list a member through both APIs: each is named once.
-	var members []string
+	var members []GroupMember
 	seen := map[string]bool{}
-	add := func(id, clientID, host string) {
-		if !seen[id] {
-			seen[id] = true
-			members = append(members, describeMember(id, clientID, host))
+	add := func(m GroupMember) {
+		if !seen[m.ID] {
+			seen[m.ID] = true
+			members = append(members, m)
 		}
 	}
 	classic, err := adm.DescribeGroups(ctx, group)
@@ -71,7 +98,7 @@ func (k KafkaGroups) GroupMembers(ctx context.Context, conn KafkaConnection, gro
 			return nil, fmt.Errorf("describe group %s: %w", group, g.Err)
 		}
 		for _, m := range g.Members {
-			add(m.MemberID, m.ClientID, m.ClientHost)
+			add(GroupMember{ID: m.MemberID, ClientID: m.ClientID, Host: m.ClientHost, Protocol: g.Protocol})
 		}
 	}
 	supported, err := supportsConsumerGroups(ctx, adm)
@@ -87,7 +114,7 @@ func (k KafkaGroups) GroupMembers(ctx context.Context, conn KafkaConnection, gro
 			return nil, fmt.Errorf("describe consumer group %s: %w", group, g.Err)
 		}
 		for _, m := range g.Members {
-			add(m.MemberID, m.ClientID, m.ClientHost)
+			add(GroupMember{ID: m.MemberID, ClientID: m.ClientID, Host: m.ClientHost, Protocol: "consumer/" + g.AssignorName})
 		}
 	}
 	return members, nil
@@ -115,10 +142,6 @@ func adminClient(conn KafkaConnection) (*kadm.Client, error) {
 		return nil, fmt.Errorf("kafka client for %v: %w", conn.Bootstrap, err)
 	}
 	return kadm.NewClient(cl), nil
-}
-
-func describeMember(id, clientID, host string) string {
-	return fmt.Sprintf("%s (client %s, host %s)", id, clientID, host)
 }
 
 // supportsConsumerGroups reports whether every broker answers KIP-848's ConsumerGroupDescribe.

@@ -27,14 +27,14 @@ func joinGroup(t *testing.T, seeds []string, group, clientID string, opts ...kgo
 			member.PollFetches(ctx)
 		}
 	}()
-	waitForMembers(t, seeds, group, func(members []string) bool {
-		return len(members) == 1 && strings.Contains(members[0], clientID)
+	waitForMembers(t, seeds, group, func(members []GroupMember) bool {
+		return len(members) == 1 && members[0].ClientID == clientID
 	})
 	return member
 }
 
 // waitForMembers polls the group (with a deadline) until done accepts its members.
-func waitForMembers(t *testing.T, seeds []string, group string, done func([]string) bool) []string {
+func waitForMembers(t *testing.T, seeds []string, group string, done func([]GroupMember) bool) []GroupMember {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -56,24 +56,25 @@ func TestKafkaGroupsListsAMemberUntilItLeaves(t *testing.T) {
 		t.Fatalf("a group nobody joined has members %v (err %v), want none", members, err)
 	}
 	member := joinGroup(t, seeds, "orders", "old-consumer")
-	members = waitForMembers(t, seeds, "orders", func(m []string) bool { return len(m) == 1 })
-	if !strings.Contains(members[0], "client old-consumer") || !strings.Contains(members[0], "host ") {
-		t.Errorf("member %q does not name its client and host", members[0])
+	members = waitForMembers(t, seeds, "orders", func(m []GroupMember) bool { return len(m) == 1 && m[0].Protocol != "" })
+	if got := members[0].String(); !strings.Contains(got, "client old-consumer") || !strings.Contains(got, "host 127.0.0.1:") ||
+		!strings.Contains(got, "protocol cooperative-sticky") {
+		t.Errorf("member %q does not name its client, host and group protocol", got)
 	}
 	member.Close() // leaves the group
-	waitForMembers(t, seeds, "orders", func(m []string) bool { return len(m) == 0 })
+	waitForMembers(t, seeds, "orders", func(m []GroupMember) bool { return len(m) == 0 })
 }
 
 func TestKafkaGroupsListsAMemberOfANextGenerationGroup(t *testing.T) {
 	seeds := testenv.Kafka(t, 1, "orders")
 	member := joinGroup(t, seeds, "orders", "kip848-consumer",
 		kgo.ServerSideBalancer(), kgo.Balancers(kgo.RangeBalancer()))
-	members := waitForMembers(t, seeds, "orders", func(m []string) bool { return len(m) == 1 })
-	if !strings.Contains(members[0], "client kip848-consumer") {
-		t.Errorf("member %q is not the KIP-848 consumer", members[0])
+	members := waitForMembers(t, seeds, "orders", func(m []GroupMember) bool { return len(m) == 1 })
+	if members[0].ClientID != "kip848-consumer" || !strings.HasPrefix(members[0].Protocol, "consumer/") {
+		t.Errorf("member %s is not the KIP-848 consumer", members[0])
 	}
 	member.Close()
-	waitForMembers(t, seeds, "orders", func(m []string) bool { return len(m) == 0 })
+	waitForMembers(t, seeds, "orders", func(m []GroupMember) bool { return len(m) == 0 })
 }
 
 func TestKafkaGroupsReportsAnUnreachableCluster(t *testing.T) {

@@ -41,6 +41,7 @@ const (
 	annotationConfigHash    = "inbox.seqinbox.dev/config-hash"
 	annotationEngineVersion = "inbox.seqinbox.dev/engine-version"
 	annotationClaimProtocol = "inbox.seqinbox.dev/claim-protocol"
+	annotationGroupProtocol = "inbox.seqinbox.dev/group-protocol"
 	// annotationJobKey and annotationAttempt say which run a Job belongs to.
 	annotationJobKey  = "inbox.seqinbox.dev/job-key"
 	annotationAttempt = "inbox.seqinbox.dev/attempt"

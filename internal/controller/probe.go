@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/manifest"
 )
 
 // The probe: before the operator migrates a database or starts consumers of an image, it must
@@ -44,6 +45,8 @@ func (r *Reconciler) probeTarget(ctx context.Context, s *scope) (phaseResult, er
 		}
 		s.target = engine{Image: s.image, Version: out.report.EngineVersion, ClaimProtocol: out.report.ClaimProtocol}
 	}
+	// The group protocol follows the spec's epoch, whatever the running consumers announce.
+	s.target.GroupProtocol = manifest.GroupProtocol(s.target.ClaimProtocol, &s.inbox.Spec.Kafka)
 	st.TargetImage, st.TargetEngineVersion, st.TargetClaimProtocol = s.target.Image, s.target.Version, s.target.ClaimProtocol
 	return proceed, nil
 }

@@ -373,7 +373,7 @@ func TestIncompatibleUpgradeStopsOldConsumersAndWaitsForTheGroupToEmpty(t *testi
 
 	// The member leaves: a probe taken after the stop reads the registry.
 	member.Close()
-	waitForMembers(t, h.seeds, inbox.Spec.Kafka.ConsumerGroup, func(m []string) bool { return len(m) == 0 })
+	waitForMembers(t, h.seeds, inbox.Spec.Kafka.ConsumerGroup, func(m []GroupMember) bool { return len(m) == 0 })
 	h.reconcile("orders")
 	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, reasonCheckingRegistry)
 	check := h.onlyJob("orders", componentProbe)

@@ -12,9 +12,11 @@ import (
 	"github.com/seqinbox/seqinbox/internal/sequence"
 )
 
-// engine is what a consumer image speaks: its release and its claim protocol.
+// engine is what a consumer image speaks: its release, its claim protocol and the group protocol
+// its consumers announce to the broker (manifest.GroupProtocol; empty for Deployments of operators
+// that did not record it).
 type engine struct {
-	Image, Version, ClaimProtocol string
+	Image, Version, ClaimProtocol, GroupProtocol string
 }
 
 // known reports whether the claim protocol was learned (from a probe or the Deployment).
@@ -99,6 +101,7 @@ func runningEngine(d *appsv1.Deployment) engine {
 	e := engine{
 		Version:       d.Spec.Template.Annotations[annotationEngineVersion],
 		ClaimProtocol: d.Spec.Template.Annotations[annotationClaimProtocol],
+		GroupProtocol: d.Spec.Template.Annotations[annotationGroupProtocol],
 	}
 	for _, c := range d.Spec.Template.Spec.Containers {
 		if c.Name == consumerContainer {

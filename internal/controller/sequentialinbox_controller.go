@@ -186,7 +186,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 // reconcilePhases is the inner reconcile: the phases in order, each of which lets the pass go
 // on, stops it to wait, or fails it. The generation counts as observed only when every phase ran.
 func (r *Reconciler) reconcilePhases(ctx context.Context, s *scope) (ctrl.Result, error) {
-	phases := []phaseFunc{r.validate, r.renderConfig, r.probeTarget, r.gateRollout, r.migrateSchema, r.planReplicas, r.ensureWorkload}
+	phases := []phaseFunc{r.validate, r.renderConfig, r.probeTarget, r.gateRollout, r.migrateSchema, r.planReplicas, r.ensureWorkload, r.watchGroup}
 	for _, phase := range phases {
 		res, err := phase(ctx, s)
 		if err != nil {

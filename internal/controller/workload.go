@@ -110,6 +110,7 @@ func consumerDeployment(s *scope) *appsv1.Deployment {
 						annotationConfigHash:    s.configHash,
 						annotationEngineVersion: s.target.Version,
 						annotationClaimProtocol: s.target.ClaimProtocol,
+						annotationGroupProtocol: s.target.GroupProtocol,
 					},
 				},
 				Spec: consumerPodSpec(s),
