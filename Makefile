@@ -42,13 +42,15 @@ fmt: ## Format the code.
 	go fmt ./...
 
 .PHONY: vet
-vet: ## Vet the code, with the build tag of the legacy engine too.
+vet: ## Vet the code, with the build tags of the legacy engine and of the development commands too.
 	go vet ./...
 	go vet -tags legacy ./internal/inbox/
+	go vet -tags dev ./cmd/seqinbox/...
 
 .PHONY: lint
-lint: ## Lint with golangci-lint v2 (pinned in hack/tools).
+lint: ## Lint with golangci-lint v2 (pinned in hack/tools), also the development commands (-tags dev).
 	$(GOLANGCI_LINT) run ./...
+	$(GOLANGCI_LINT) run --build-tags dev ./cmd/seqinbox/...
 
 .PHONY: verify
 verify: ## Regenerate everything and fail when a generated file is stale or the code is unformatted.
@@ -68,6 +70,8 @@ test: verify vet lint envtest ## Run every test against real PostgreSQL, envtest
 		go test $(GOTEST_FLAGS) ./...
 	# The legacy engine (claim protocol 0) of the e2e upgrade test delivers racing duplicates twice.
 	SEQINBOX_TEST_DATABASE_URL="$$(hack/postgres.sh)" go test -tags legacy $(GOTEST_FLAGS) -run '^TestLegacy' ./internal/inbox/
+	@echo "tests of the development commands (demo, dev kafka; built with -tags dev)"
+	SEQINBOX_TEST_DATABASE_URL="$$(hack/postgres.sh)" go test $(GOTEST_FLAGS) -tags dev ./cmd/seqinbox/...
 
 .PHONY: bench
 bench: ## Run the benchmarks (engine, consumer, operator) once.

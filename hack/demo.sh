@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make demo` (SPEC §11): builds bin/seqinbox, finds or starts PostgreSQL (hack/postgres.sh), and
+# `make demo` (SPEC §11): builds bin/seqinbox-dev (the binary with the development commands,
+# -tags dev; the release binary has none), finds or starts PostgreSQL (hack/postgres.sh), and
 # runs `seqinbox demo`, which starts an embedded Kafka broker, a temporary database, a demo sink
 # and two consumers of the sample SequentialInbox, sends a scenario of out-of-order, duplicated,
 # filtered, rejected and poisoned order events, and prints a report with a verdict. Everything it
@@ -9,9 +10,9 @@ cd "$(dirname "$0")/.."
 
 version=${VERSION:-v0.1.0-dev}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-echo "demo: building bin/seqinbox (the first build compiles the dependencies: a minute or two)" >&2
+echo "demo: building bin/seqinbox-dev with the development commands (-tags dev; the first build compiles the dependencies: a minute or two)" >&2
 go build -ldflags "-X github.com/seqinbox/seqinbox/internal/version.Version=$version -X github.com/seqinbox/seqinbox/internal/version.Commit=$commit" \
-  -o bin/seqinbox ./cmd/seqinbox
+  -tags dev -o bin/seqinbox-dev ./cmd/seqinbox
 echo "demo: finding PostgreSQL (hack/postgres.sh)" >&2
 url=$(hack/postgres.sh)
-exec bin/seqinbox demo --database-url "$url" "$@"
+exec bin/seqinbox-dev demo --database-url "$url" "$@"

@@ -288,3 +288,25 @@ func TestTheBinaryExitsWithTheDocumentedCodes(t *testing.T) {
 		})
 	}
 }
+
+func TestTheReleaseBinaryLinksNoDevelopmentCommandsAndNoEmbeddedBroker(t *testing.T) {
+	bin := buildSeqinbox(t)
+
+	err := exec.Command(bin, "demo").Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != exitUsage {
+		t.Fatalf("release binary: seqinbox demo ended with %v, want exit %d (unknown command)", err, exitUsage)
+	}
+	symbols, err := exec.Command("go", "tool", "nm", bin).Output()
+	if err != nil {
+		t.Fatalf("go tool nm: %v", err)
+	}
+	for _, pkg := range []string{"github.com/twmb/franz-go/pkg/kfake.", "github.com/seqinbox/seqinbox/internal/demo."} {
+		if bytes.Contains(symbols, []byte(pkg)) {
+			t.Errorf("the release binary links %s", strings.TrimSuffix(pkg, "."))
+		}
+	}
+	if !bytes.Contains(symbols, []byte("github.com/twmb/franz-go/pkg/kgo.")) {
+		t.Fatal("no franz-go client symbols either: the symbol table is not what this test expects")
+	}
+}

@@ -1,3 +1,5 @@
+//go:build dev
+
 package main
 
 import (
@@ -14,7 +16,8 @@ import (
 	"github.com/seqinbox/seqinbox/internal/demo"
 )
 
-// devCommands are the local development helpers: `demo` (what `make demo` runs) and `dev kafka`.
+// devCommands are the local development helpers: `demo` (what `make demo` runs) and `dev kafka`,
+// built only with `-tags dev` so that the release binary links no embedded broker.
 func devCommands() []*cobra.Command {
 	return []*cobra.Command{newDemoCommand(), newDevCommand()}
 }
