@@ -209,7 +209,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.log.Info("the sink's timeout and retries take longer than a record may take; raise spec.kafka.maxPollIntervalMs or lower the sink's timeout or retries",
 			"listenerDeadline", deadline, "recordTimeout", c.recordTimeout)
 	}
-	engine, err := inbox.New(pool, c.set, c.sink, engineConfig(spec, deadline, c.clock, c.log), c.engineMetrics)
+	engine, err := inbox.New(pool, c.set, listenerWatch{c.sink}, engineConfig(spec, deadline, c.clock, c.log), c.engineMetrics)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -142,19 +143,18 @@ func (p *processor) handle(w *worker, r *kgo.Record) bool {
 		if attempt > 0 && !w.wait(backoff(attempt-1)) {
 			return false
 		}
-		res, err := p.process(w, rec)
-		switch {
-		case errors.Is(err, errAbandoned):
+		res, listenerCut, err := p.process(w, rec)
+		if errors.Is(err, errAbandoned) {
 			return false
-		case errors.Is(err, inbox.ErrUndeclaredType):
-			return p.deadLetterRecord(w, r, rec, decode.ClassUndeclaredType, err, ev)
-		case errors.Is(err, inbox.ErrNoIdempotenceID):
-			return p.deadLetterRecord(w, r, rec, decode.ClassMissingIdempotenceID, err, ev)
-		case err != nil:
+		}
+		if err != nil {
 			// Buffered messages whose release failed before the error are FAILED already; a
 			// retry of this record would not find them again.
 			if !p.publishAll(w, releaseLetters(res)) || c.work.Err() != nil {
 				return false
+			}
+			if reason, cause, ok := recordFault(err, listenerCut, c.recordTimeout, c.listenerDeadline()); ok {
+				return p.deadLetterRecord(w, r, rec, reason, cause, ev)
 			}
 			c.metrics.retries.WithLabelValues("infrastructure").Inc()
 			c.log.Error(err, "processing failed; retrying the record", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "attempt", attempt+1)
@@ -197,23 +197,26 @@ func (p *processor) publishAll(w *worker, letters []deadletter.Letter) bool {
 }
 
 // process runs the engine on one record within the record timeout, holding an in-flight token.
-func (p *processor) process(w *worker, rec inbox.Record) (inbox.Result, error) {
+// listenerCut reports that the record timeout ended while the sink was being called.
+func (p *processor) process(w *worker, rec inbox.Record) (_ inbox.Result, listenerCut bool, _ error) {
 	c := p.c
 	select {
 	case c.inFlight <- struct{}{}:
 	case <-w.stopping:
-		return inbox.Result{}, errAbandoned
+		return inbox.Result{}, false, errAbandoned
 	case <-c.work.Done():
-		return inbox.Result{}, errAbandoned
+		return inbox.Result{}, false, errAbandoned
 	}
 	c.metrics.inFlight.Inc()
 	defer func() {
 		c.metrics.inFlight.Dec()
 		<-c.inFlight
 	}()
-	ctx, cancel := context.WithTimeout(c.work, c.recordTimeout)
+	ctx, cancel := context.WithTimeoutCause(c.work, c.recordTimeout, errRecordDeadline)
 	defer cancel()
-	return p.engine.Process(ctx, rec)
+	var cut atomic.Bool
+	res, err := p.engine.Process(context.WithValue(ctx, cutKey{}, &cut), rec)
+	return res, cut.Load(), err
 }
 
 // deadLetterRecord sends a record the engine did not decide about to the dead-letter topic.

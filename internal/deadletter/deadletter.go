@@ -41,6 +41,12 @@ const (
 	// ReasonOperatorAction: an operator action gave the message up (its delivery failed, or
 	// CLOSE closed the instance without delivering it).
 	ReasonOperatorAction = "OperatorAction"
+	// ReasonListenerDeadlineExceeded: the record's processing deadline (from
+	// spec.kafka.maxPollIntervalMs) ended while the sink was still being called.
+	ReasonListenerDeadlineExceeded = "ListenerDeadlineExceeded"
+	// ReasonRecordRejected: PostgreSQL refused a value of the record (a data exception or a
+	// value beyond what the schema can index or store).
+	ReasonRecordRejected = "RecordRejected"
 )
 
 // Letter is one record on its way to the dead-letter topic.

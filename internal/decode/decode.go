@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -45,6 +46,12 @@ const (
 	ClassMissingIdempotenceID = "MissingIdempotenceID"
 	// ClassInvalidField: a JSON pointer names an object or array where a text value is needed.
 	ClassInvalidField = "InvalidField"
+	// ClassInvalidID: the CloudEvent id, the idempotence ID or the context ID is not valid
+	// UTF-8, contains a NUL byte, or is longer than MaxIDBytes.
+	ClassInvalidID = "InvalidID"
+	// ClassInvalidHeader: a header the inbox stores (its name, or the trace context's value) is
+	// not valid UTF-8 or contains a NUL byte.
+	ClassInvalidHeader = "InvalidHeader"
 )
 
 // Error is a record that cannot be processed; Class is its dead-letter reason.
@@ -127,6 +134,12 @@ func (d *Decoder) Decode(r *kgo.Record, receivedAt time.Time) (inbox.Record, err
 	if err := checkAttributes(headers); err != nil {
 		return rec, err
 	}
+	if err := checkID("the CloudEvent id", rec.Origin.MessageID); err != nil {
+		return rec, err
+	}
+	if err := checkStoredHeaders(rec.Headers); err != nil {
+		return rec, err
+	}
 	rec.Type = headers[AttributePrefix+"type"]
 	types := d.set.TypesOf(rec.Type)
 	if len(types) == 0 {
@@ -163,7 +176,63 @@ func (d *Decoder) Decode(r *kgo.Record, receivedAt time.Time) (inbox.Record, err
 	if rec.IdempotenceID == "" {
 		return rec, fail(ClassMissingIdempotenceID, "%s %s has no idempotence ID at %s", mt.Qualified, rec.Origin.MessageID, mt.IdempotenceID)
 	}
-	return rec, nil
+	if err := checkID(fmt.Sprintf("the context ID (at %s)", mt.ContextID), rec.ContextID); err != nil {
+		return rec, err
+	}
+	return rec, checkID(fmt.Sprintf("the idempotence ID (at %s)", mt.IdempotenceID), rec.IdempotenceID)
+}
+
+// MaxIDBytes is the longest CloudEvent id, idempotence ID or context ID the inbox accepts, in
+// bytes of UTF-8. The claim and instance keys are B-tree indexed, and PostgreSQL refuses an index
+// entry beyond about a third of a page (2.7 KB); 1024 bytes leave room for the message type and
+// sequence name beside the ID.
+const MaxIDBytes = 1024
+
+// checkID refuses an ID that PostgreSQL could not store or index: invalid UTF-8, a NUL byte, or
+// more than MaxIDBytes.
+func checkID(what, id string) error {
+	if err := checkText(id); err != nil {
+		return fail(ClassInvalidID, "%s %s", what, err)
+	}
+	if len(id) > MaxIDBytes {
+		return fail(ClassInvalidID, "%s is %d bytes long; at most %d bytes are allowed", what, len(id), MaxIDBytes)
+	}
+	return nil
+}
+
+// checkText refuses what a PostgreSQL text value cannot hold.
+func checkText(s string) error {
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			return fmt.Errorf("is not valid UTF-8 (byte 0x%02X at byte %d)", s[i], i)
+		}
+		i += size
+	}
+	if i := strings.IndexByte(s, 0); i >= 0 {
+		return fmt.Errorf("contains a NUL byte at byte %d, which PostgreSQL text cannot hold", i)
+	}
+	return nil
+}
+
+// storedTextHeaders are the headers whose values the inbox stores as text (the trace context of
+// a sequenced message).
+var storedTextHeaders = map[string]bool{"traceparent": true, "ce_traceparent": true}
+
+// checkStoredHeaders refuses header names, and trace context values, that PostgreSQL could not
+// store when the record is buffered.
+func checkStoredHeaders(hs []inbox.Header) error {
+	for _, h := range hs {
+		if err := checkText(h.Key); err != nil {
+			return fail(ClassInvalidHeader, "header name %q %s", h.Key, err)
+		}
+		if storedTextHeaders[h.Key] {
+			if err := checkText(string(h.Value)); err != nil {
+				return fail(ClassInvalidHeader, "header %s %s", h.Key, err)
+			}
+		}
+	}
+	return nil
 }
 
 // HeaderMap indexes headers by name; the last of a repeated name wins, as Kafka clients'

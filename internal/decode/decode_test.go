@@ -2,6 +2,7 @@ package decode
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -239,6 +240,51 @@ func TestDecodeErrors(t *testing.T) {
 				t.Fatalf("class %s (%v), want %s", de.Class, err, tt.wantClass)
 			}
 		})
+	}
+}
+
+// TestDecodeRefusesIDsPostgreSQLCannotStore checks every ID the inbox stores or indexes against
+// what PostgreSQL text and its B-tree indexes take, and that the reason names the limit.
+func TestDecodeRefusesIDsPostgreSQLCannotStore(t *testing.T) {
+	d := newDecoder(t)
+	long := strings.Repeat("x", MaxIDBytes+1)
+	withHeader := func(r *kgo.Record, key, value string) *kgo.Record {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: key, Value: []byte(value)})
+		return r
+	}
+	tests := []struct {
+		name        string
+		record      *kgo.Record
+		wantClass   string
+		wantMessage string
+	}{
+		{"ce_id with 0xFF", binary("", `{"order":{"id":"o"}}`, "id", "a\xff", "type", "OrderCreated"), ClassInvalidID, "not valid UTF-8 (byte 0xFF at byte 1)"},
+		{"ce_id with NUL", binary("", `{"order":{"id":"o"}}`, "id", "a\x00", "type", "OrderCreated"), ClassInvalidID, "NUL byte at byte 1"},
+		{"ce_id too long", binary("", `{"order":{"id":"o"}}`, "id", long, "type", "OrderCreated"), ClassInvalidID, "at most 1024 bytes"},
+		{"context ID with NUL", binary("", `{"order":{"id":"o\u0000"}}`, "id", "e", "type", "OrderCreated"), ClassInvalidID, "the context ID (at payload /order/id) contains a NUL"},
+		{"context ID from a header, invalid UTF-8", binary("", `{"bookingNo":"b"}`, "id", "e", "type", "ShipmentBooked", "subject", "s\xc3"), ClassInvalidID, "the context ID (at header ce_subject) is not valid UTF-8"},
+		{"context ID too long", binary("", `{"order":{"id":"`+long+`"}}`, "id", "e", "type", "OrderCreated"), ClassInvalidID, "1025 bytes long"},
+		{"idempotence ID too long", binary("", `{"bookingNo":"`+long+`"}`, "id", "e", "type", "ShipmentBooked", "subject", "s-1"), ClassInvalidID, "the idempotence ID (at payload /bookingNo) is 1025 bytes"},
+		{"traceparent with NUL", withHeader(binary("", `{"order":{"id":"o"}}`, "id", "e", "type", "OrderCreated"), "traceparent", "00-\x00"), ClassInvalidHeader, "header traceparent contains a NUL"},
+		{"header name with NUL", withHeader(binary("", `{"order":{"id":"o"}}`, "id", "e", "type", "OrderCreated"), "x\x00", "v"), ClassInvalidHeader, "header name"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := d.Decode(tt.record, time.Now())
+			var de *Error
+			if !errors.As(err, &de) || de.Class != tt.wantClass || !strings.Contains(err.Error(), tt.wantMessage) {
+				t.Fatalf("Decode: %v, want class %s with a message containing %q", err, tt.wantClass, tt.wantMessage)
+			}
+		})
+	}
+	// At the limit, and with multi-byte text, IDs are fine; an unsequenced record's context ID
+	// is never stored and not checked.
+	atLimit := strings.Repeat("é", MaxIDBytes/2)
+	if _, err := d.Decode(binary("", `{"order":{"id":"`+atLimit+`"}}`, "id", atLimit, "type", "OrderCreated"), time.Now()); err != nil {
+		t.Fatalf("IDs of exactly %d bytes: %v", MaxIDBytes, err)
+	}
+	if _, err := d.Decode(binary("", `{"order":{"id":"`+long+`"},"test":true}`, "id", "e", "type", "OrderCreated"), time.Now()); err != nil {
+		t.Fatalf("a filtered-out record with a long context ID: %v", err)
 	}
 }
 

@@ -1,0 +1,101 @@
+package consumer
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/seqinbox/seqinbox/internal/deadletter"
+	"github.com/seqinbox/seqinbox/internal/decode"
+)
+
+// poisonCase is one bad record, alone on its partition with a good record behind it.
+type poisonCase struct {
+	name string
+	bad  *kgo.Record
+	// reason is the dead-letter reason, message a text the reason's message must contain (the
+	// limit it names).
+	reason, message string
+}
+
+func poisonCases() []poisonCase {
+	long := strings.Repeat("x", 10*1024)
+	withContextID := func(partition int32, id, contextID string) *kgo.Record {
+		r := event(partition, "OrderCreated", id, "")
+		r.Value, _ = json.Marshal(map[string]string{"orderId": contextID})
+		return r
+	}
+	return []poisonCase{
+		{"ce_id with 0xFF 0x00", event(0, "OrderCreated", "\xff\x00", "pz-o0"), decode.ClassInvalidID, "UTF-8"},
+		{"context ID with NUL", withContextID(1, "pz-bad-1", "pz\x00o1"), decode.ClassInvalidID, "NUL"},
+		{"10 KB context ID", withContextID(2, "pz-bad-2", long), decode.ClassInvalidID, "at most 1024 bytes"},
+		{"10 KB ce_id", event(3, "OrderCreated", long, "pz-o3"), decode.ClassInvalidID, "at most 1024 bytes"},
+		{"traceparent with NUL", event(4, "OrderPaid", "pz-bad-4", "pz-o4", kgo.RecordHeader{Key: "traceparent", Value: []byte("00-\x00")}), decode.ClassInvalidHeader, "NUL"},
+		{"sink slower than the record deadline", event(5, "OrderCreated", "pz-slow", "pz-o5"), deadletter.ReasonListenerDeadlineExceeded, "spec.kafka.maxPollIntervalMs"},
+	}
+}
+
+// TestEveryPoisonRecordIsDeadLetteredAndTheRecordBehindItDelivered puts each kind of record
+// that used to stall its partition forever on a partition of its own, with a good record behind
+// it: the bad one must reach the dead-letter topic with a reason naming the limit, the good one
+// the sink, and every offset must be committed.
+func TestEveryPoisonRecordIsDeadLetteredAndTheRecordBehindItDelivered(t *testing.T) {
+	database(t)
+	cases := poisonCases()
+	seeds := cluster(t, int32(len(cases)))
+	s := newSink(t, func(id string, _ int) int {
+		if id == "pz-slow" {
+			return 0 // hang until the consumer gives up
+		}
+		return 200
+	})
+	// The sink may take 5s per attempt, the record only 2.7s: the listener deadline exceeds the
+	// record deadline.
+	in := testInbox(t, seeds, "g-poison-table", s.srv.URL, sinkOpts{timeout: 5e9})
+	in.Spec.Kafka.MaxPollIntervalMs = 3000
+	r := startConsumer(t, in, "poison-table-1")
+
+	var records []*kgo.Record
+	for i, c := range cases {
+		records = append(records, c.bad, event(int32(i), "OrderCreated", fmt.Sprintf("pz-good-%d", i), fmt.Sprintf("pz-good-o%d", i)))
+	}
+	produce(t, seeds, records...)
+	waitUntil(t, "every record was processed", func() bool { return r.events.count("") == 2*len(cases) })
+
+	letters := map[int32]deadletter.Letter{}
+	for _, rec := range readTopic(t, seeds, "orders.dlq") {
+		l := deadletter.Read(rec)
+		if _, dup := letters[l.Origin.Partition]; dup {
+			t.Errorf("a second dead letter from partition %d: %+v", l.Origin.Partition, l)
+		}
+		letters[l.Origin.Partition] = l
+	}
+	accepted := s.accepted()
+	for i, c := range cases {
+		l, ok := letters[int32(i)]
+		switch {
+		case !ok:
+			t.Errorf("%s: no dead letter", c.name)
+		case l.Reason != c.reason || l.Origin.Offset != 0 || !strings.Contains(l.Message, c.message):
+			t.Errorf("%s: dead letter reason %q offset %d message %q; want reason %q at offset 0 with a message naming %q",
+				c.name, l.Reason, l.Origin.Offset, l.Message, c.reason, c.message)
+		}
+		if id := fmt.Sprintf("pz-good-%d", i); accepted[id] != 1 {
+			t.Errorf("%s: the good record behind it was accepted %d times, want once", c.name, accepted[id])
+		}
+	}
+	if n, want := len(s.deliveries()), len(cases)+1; n != want {
+		t.Errorf("the sink saw %d requests, want %d: the good records and the one abandoned slow call", n, want)
+	}
+	waitUntil(t, "every offset is committed", func() bool {
+		for _, lag := range committedLag(t, seeds, "g-poison-table") {
+			if lag != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
