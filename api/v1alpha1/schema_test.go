@@ -120,6 +120,10 @@ func TestAPIServerRejectsInvalidInboxes(t *testing.T) {
 		}, "at most 40 characters"},
 		"name that is no DNS label": {func(s *v1alpha1.SequentialInbox) { s.Name = "orders.v2" }, "must be a DNS label"},
 		"topic with a space":        {func(s *v1alpha1.SequentialInbox) { s.Spec.Kafka.Topics = []string{"my orders"} }, "spec.kafka.topics[0]"},
+		"sink URL and Service": {func(s *v1alpha1.SequentialInbox) {
+			s.Spec.Sink.Service = &v1alpha1.SinkServiceReference{Name: "orders"}
+		}, "set exactly one of spec.sink.url and spec.sink.service"},
+		"sink without a destination": {func(s *v1alpha1.SequentialInbox) { s.Spec.Sink.URL = "" }, "set exactly one of spec.sink.url and spec.sink.service"},
 		"SASL PLAIN without TLS": {func(s *v1alpha1.SequentialInbox) {
 			s.Spec.Kafka.SASL = &v1alpha1.KafkaSASL{Mechanism: "PLAIN", Username: "u",
 				PasswordSecretRef: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "u"}, Key: "password"}}

@@ -220,11 +220,27 @@ type DatabaseSpec struct {
 	IdleLockTimeout metav1.Duration `json:"idleLockTimeout,omitempty"`
 }
 
-// SinkSpec is the team's HTTP service that receives released messages.
+// SinkSpec is the team's HTTP service that receives released messages: a URL or a Service
+// reference, optionally with TLS (CA bundle, client certificate) and a bearer token.
+// +kubebuilder:validation:XValidation:rule="has(self.url) != has(self.service)",message="set exactly one of spec.sink.url and spec.sink.service"
 type SinkSpec struct {
 	// URL receives an HTTP POST per released message, in CloudEvents binary mode.
+	// +optional
 	// +kubebuilder:validation:Pattern=`^https?://`
-	URL string `json:"url"`
+	URL string `json:"url,omitempty"`
+
+	// Service names a Service in the cluster that receives the messages, instead of URL.
+	// +optional
+	Service *SinkServiceReference `json:"service,omitempty"`
+
+	// TLS configures the HTTPS connection to the sink: the CA bundle to trust and a client certificate.
+	// +optional
+	TLS *SinkTLS `json:"tls,omitempty"`
+
+	// BearerTokenSecretRef names a Secret key whose value is sent as `Authorization: Bearer <token>`;
+	// a rotated token is used from the next request on.
+	// +optional
+	BearerTokenSecretRef *corev1.SecretKeySelector `json:"bearerTokenSecretRef,omitempty"`
 
 	// Timeout of one delivery attempt.
 	// +optional
@@ -243,6 +259,61 @@ type SinkSpec struct {
 	// +optional
 	// +kubebuilder:default="200ms"
 	InitialBackoff metav1.Duration `json:"initialBackoff,omitempty"`
+}
+
+// SinkServiceReference addresses a Service: <scheme>://<name>.<namespace>.svc:<port><path>.
+type SinkServiceReference struct {
+	// Name of the Service.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+	// Namespace of the Service; empty means the inbox's namespace.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Namespace string `json:"namespace,omitempty"`
+	// Port of the Service; empty means 80 for http and 443 for https.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port,omitempty"`
+	// Path of the request, starting with a slash; empty means /.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^/`
+	Path string `json:"path,omitempty"`
+	// Scheme is http or https; empty means https when spec.sink.tls is set, else http.
+	// +optional
+	// +kubebuilder:validation:Enum=http;https
+	Scheme string `json:"scheme,omitempty"`
+}
+
+// SinkTLS configures HTTPS to the sink.
+type SinkTLS struct {
+	// CASecretRef names a Secret key holding the PEM CA bundle; unset uses the system roots.
+	// +optional
+	CASecretRef *corev1.SecretKeySelector `json:"caSecretRef,omitempty"`
+	// ClientCertificate authenticates the consumer to the sink with a TLS client certificate.
+	// +optional
+	ClientCertificate *SinkClientCertificate `json:"clientCertificate,omitempty"`
+}
+
+// SinkClientCertificate names the Secret that holds a PEM client certificate and its key: a
+// kubernetes.io/tls Secret (tls.crt and tls.key, the defaults), such as cert-manager writes.
+type SinkClientCertificate struct {
+	// SecretName is the Secret in the inbox's namespace.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	SecretName string `json:"secretName"`
+	// CertificateKey is the key of the PEM certificate (chain); empty means tls.crt.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	CertificateKey string `json:"certificateKey,omitempty"`
+	// PrivateKeyKey is the key of the PEM private key; empty means tls.key.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	PrivateKeyKey string `json:"privateKeyKey,omitempty"`
 }
 
 // HousekeepingSpec controls the removal of closed and expired sequence instances.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/seqinbox/seqinbox/internal/consumer"
 	"github.com/seqinbox/seqinbox/internal/manifest"
+	"github.com/seqinbox/seqinbox/internal/sink"
 )
 
 // Outside Kubernetes the consumer serves its endpoints on the loopback interface, on ports the
@@ -74,6 +75,10 @@ addresses and the pod name as --instance-id.`,
 					CAFile:           os.Getenv(envKafkaCAFile),
 					CertFile:         os.Getenv(envKafkaCertFile),
 					KeyFile:          os.Getenv(envKafkaKeyFile),
+				},
+				SinkAuth: sink.Auth{
+					CAFile: os.Getenv(envSinkCAFile), CertFile: os.Getenv(envSinkCertFile),
+					KeyFile: os.Getenv(envSinkKeyFile), TokenFile: os.Getenv(envSinkTokenFile),
 				},
 				InstanceID:  instanceID,
 				HealthAddr:  disabled(serving.healthAddr),

@@ -26,6 +26,10 @@ const (
 	envKafkaCAFile      = "SEQINBOX_KAFKA_CA_FILE"
 	envKafkaCertFile    = "SEQINBOX_KAFKA_CERT_FILE"
 	envKafkaKeyFile     = "SEQINBOX_KAFKA_KEY_FILE"
+	envSinkCAFile       = "SEQINBOX_SINK_CA_FILE"
+	envSinkCertFile     = "SEQINBOX_SINK_CERT_FILE"
+	envSinkKeyFile      = "SEQINBOX_SINK_KEY_FILE"
+	envSinkTokenFile    = "SEQINBOX_SINK_TOKEN_FILE"
 )
 
 // Output formats of --output.

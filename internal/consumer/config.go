@@ -16,6 +16,7 @@ import (
 	"github.com/seqinbox/seqinbox/internal/fence"
 	"github.com/seqinbox/seqinbox/internal/inbox"
 	"github.com/seqinbox/seqinbox/internal/kafkaauth"
+	"github.com/seqinbox/seqinbox/internal/sink"
 )
 
 // Config is what one consumer runs: the SequentialInbox (with its CRD defaults applied, as
@@ -27,6 +28,8 @@ type Config struct {
 	DatabaseURL string
 	// Kafka holds the broker addresses and credentials that override or complete spec.kafka.
 	Kafka Kafka
+	// SinkAuth is what spec.sink.tls and spec.sink.bearerTokenSecretRef's Secrets hold, as files.
+	SinkAuth sink.Auth
 	// InstanceID names this consumer in the registry and the logs; unique per running consumer.
 	InstanceID string
 	// HealthAddr serves /healthz and /readyz, MetricsAddr serves /metrics; empty serves nothing
@@ -109,6 +112,10 @@ func (c *Config) validate() error {
 		return errors.New("no bootstrap servers")
 	case c.Inbox.Spec.Kafka.SASL != nil && (c.Kafka.Username == "" || c.Kafka.Password == ""):
 		return fmt.Errorf("spec.kafka.sasl (%s) needs a user name and password: SEQINBOX_KAFKA_USERNAME and SEQINBOX_KAFKA_PASSWORD", c.Inbox.Spec.Kafka.SASL.Mechanism)
+	case c.Inbox.Spec.Sink.TLS != nil && c.Inbox.Spec.Sink.TLS.ClientCertificate != nil && (c.SinkAuth.CertFile == "" || c.SinkAuth.KeyFile == ""):
+		return errors.New("spec.sink.tls.clientCertificate needs the certificate and key files: SEQINBOX_SINK_CERT_FILE and SEQINBOX_SINK_KEY_FILE")
+	case c.Inbox.Spec.Sink.BearerTokenSecretRef != nil && c.SinkAuth.TokenFile == "":
+		return errors.New("spec.sink.bearerTokenSecretRef needs the token file: SEQINBOX_SINK_TOKEN_FILE")
 	case c.Inbox.Spec.Database.PoolSize < 2:
 		return fmt.Errorf("spec.database.poolSize %d: a record in flight holds up to two connections, need at least 2", c.Inbox.Spec.Database.PoolSize)
 	case c.Inbox.Spec.Kafka.MaxPollIntervalMs <= 0:

@@ -150,7 +150,7 @@ func New(cfg Config) (*Consumer, error) {
 		retries = int(*spec.Sink.Retries)
 	}
 	c.sink, err = sink.New(sink.Config{
-		URL: spec.Sink.URL, Timeout: spec.Sink.Timeout.Duration, Retries: retries,
+		URL: manifest.SinkURL(cfg.Inbox), Auth: cfg.SinkAuth, Timeout: spec.Sink.Timeout.Duration, Retries: retries,
 		InitialBackoff: spec.Sink.InitialBackoff.Duration, Log: log.WithName("sink"),
 	}, sinkMetrics)
 	if err != nil {

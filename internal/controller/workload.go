@@ -29,6 +29,10 @@ const (
 	kafkaCAFile       = "kafka-ca.crt"
 	kafkaCertFile     = "kafka-client.crt"
 	kafkaKeyFile      = "kafka-client.key"
+	sinkCAFile        = "sink-ca.crt"
+	sinkCertFile      = "sink-client.crt"
+	sinkKeyFile       = "sink-client.key"
+	sinkTokenFile     = "sink-token"
 	// runAsUser is the distroless "nonroot" user the image runs as.
 	runAsUser = 65532
 	// shutdownMargin is added to maxPollIntervalMs for the termination grace period: a consumer
@@ -195,7 +199,43 @@ func configSources(s *scope) []corev1.VolumeProjection {
 		cert, key := kafkaauth.ClientCertificateRefs(tls.ClientCertificate)
 		sources = append(sources, secretFile(cert, kafkaCertFile), secretFile(key, kafkaKeyFile))
 	}
+	for _, f := range sinkFiles(&s.inbox.Spec.Sink) {
+		sources = append(sources, secretFile(f.ref, f.file))
+	}
 	return sources
+}
+
+// fileFromSecret is one Secret key that the consumer reads as a file: where it comes from, the file
+// in configDir and the variable that names the file.
+type fileFromSecret struct {
+	ref       corev1.SecretKeySelector
+	file, env string
+}
+
+// sinkFiles are the Secret keys of spec.sink's TLS and token, as files.
+func sinkFiles(sink *v1alpha1.SinkSpec) []fileFromSecret {
+	var files []fileFromSecret
+	if t := sink.TLS; t != nil && t.CASecretRef != nil {
+		files = append(files, fileFromSecret{*t.CASecretRef, sinkCAFile, "SEQINBOX_SINK_CA_FILE"})
+	}
+	if t := sink.TLS; t != nil && t.ClientCertificate != nil {
+		c := t.ClientCertificate
+		ref := corev1.LocalObjectReference{Name: c.SecretName}
+		certKey, keyKey := c.CertificateKey, c.PrivateKeyKey
+		if certKey == "" {
+			certKey = corev1.TLSCertKey
+		}
+		if keyKey == "" {
+			keyKey = corev1.TLSPrivateKeyKey
+		}
+		files = append(files,
+			fileFromSecret{corev1.SecretKeySelector{LocalObjectReference: ref, Key: certKey}, sinkCertFile, "SEQINBOX_SINK_CERT_FILE"},
+			fileFromSecret{corev1.SecretKeySelector{LocalObjectReference: ref, Key: keyKey}, sinkKeyFile, "SEQINBOX_SINK_KEY_FILE"})
+	}
+	if ref := sink.BearerTokenSecretRef; ref != nil {
+		files = append(files, fileFromSecret{*ref, sinkTokenFile, "SEQINBOX_SINK_TOKEN_FILE"})
+	}
+	return files
 }
 
 // consumerEnv passes the pod name and the Secret-held settings; the rest is in the manifest.
@@ -220,6 +260,9 @@ func consumerEnv(inbox *v1alpha1.SequentialInbox) []corev1.EnvVar {
 		env = append(env,
 			corev1.EnvVar{Name: "SEQINBOX_KAFKA_CERT_FILE", Value: path.Join(configDir, kafkaCertFile)},
 			corev1.EnvVar{Name: "SEQINBOX_KAFKA_KEY_FILE", Value: path.Join(configDir, kafkaKeyFile)})
+	}
+	for _, f := range sinkFiles(&inbox.Spec.Sink) {
+		env = append(env, corev1.EnvVar{Name: f.env, Value: path.Join(configDir, f.file)})
 	}
 	return env
 }

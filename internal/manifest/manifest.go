@@ -131,6 +131,40 @@ func DeadLetterTopic(spec *v1alpha1.SequentialInboxSpec) string {
 	return spec.Kafka.ConsumerGroup + ".dlq"
 }
 
+// SinkURL returns where released messages go: spec.sink.url, or the URL of spec.sink.service,
+// <scheme>://<name>.<namespace>.svc:<port><path>, with the inbox's namespace, the scheme's port,
+// https when spec.sink.tls is set, and / as the defaults.
+func SinkURL(inbox *v1alpha1.SequentialInbox) string {
+	sink := &inbox.Spec.Sink
+	svc := sink.Service
+	if svc == nil {
+		return sink.URL
+	}
+	scheme := svc.Scheme
+	if scheme == "" {
+		scheme = "http"
+		if sink.TLS != nil {
+			scheme = "https"
+		}
+	}
+	namespace := svc.Namespace
+	if namespace == "" {
+		namespace = inbox.Namespace
+	}
+	port := svc.Port
+	if port == 0 {
+		port = 80
+		if scheme == "https" {
+			port = 443
+		}
+	}
+	path := svc.Path
+	if path == "" {
+		path = "/"
+	}
+	return fmt.Sprintf("%s://%s.%s.svc:%d%s", scheme, svc.Name, namespace, port, path)
+}
+
 // GroupProtocol is the only group protocol the consumers of an inbox announce when they join the
 // Kafka consumer group: "seqinbox-<claimProtocol>", with "-epoch<N>" for spec.kafka.groupProtocolEpoch
 // N > 0. The broker refuses a member that supports none of the group's protocols, so consumers of

@@ -244,3 +244,33 @@ func TestGroupProtocolNamesTheClaimProtocolAndTheEpochButNotTheEngineVersion(t *
 		}
 	}
 }
+
+func TestSinkURLOfAServiceReference(t *testing.T) {
+	inbox := func(sink v1alpha1.SinkSpec) *v1alpha1.SequentialInbox {
+		in := &v1alpha1.SequentialInbox{Spec: v1alpha1.SequentialInboxSpec{Sink: sink}}
+		in.Namespace = "shop"
+		return in
+	}
+	cases := []struct {
+		name string
+		sink v1alpha1.SinkSpec
+		want string
+	}{
+		{"a URL as it is", v1alpha1.SinkSpec{URL: "https://orders.example.com/events"}, "https://orders.example.com/events"},
+		{"defaults: same namespace, http, port 80, /", v1alpha1.SinkSpec{Service: &v1alpha1.SinkServiceReference{Name: "orders"}},
+			"http://orders.shop.svc:80/"},
+		{"TLS makes https on 443", v1alpha1.SinkSpec{Service: &v1alpha1.SinkServiceReference{Name: "orders"}, TLS: &v1alpha1.SinkTLS{}},
+			"https://orders.shop.svc:443/"},
+		{"everything set", v1alpha1.SinkSpec{Service: &v1alpha1.SinkServiceReference{Name: "orders", Namespace: "billing", Port: 8443, Path: "/events", Scheme: "https"}},
+			"https://orders.billing.svc:8443/events"},
+		{"explicit http despite TLS settings", v1alpha1.SinkSpec{Service: &v1alpha1.SinkServiceReference{Name: "orders", Port: 8080, Scheme: "http"}, TLS: &v1alpha1.SinkTLS{}},
+			"http://orders.shop.svc:8080/"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := SinkURL(inbox(tc.sink)); got != tc.want {
+				t.Errorf("SinkURL = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

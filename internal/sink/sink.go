@@ -41,8 +41,11 @@ type Config struct {
 	InitialBackoff time.Duration
 	// MaxBackoff caps one wait (also one honoured Retry-After); zero means 30s.
 	MaxBackoff time.Duration
-	// Transport carries the requests; nil builds a pooled transport for this sink alone.
+	// Transport carries the requests; nil builds a pooled transport for this sink alone, secured
+	// as Auth says.
 	Transport http.RoundTripper
+	// Auth secures the connection of the transport New builds: CA, client certificate, token.
+	Auth Auth
 	// Log receives a line per failed attempt; the zero value discards them.
 	Log logr.Logger
 }
@@ -103,11 +106,9 @@ func New(cfg Config, m *Metrics) (*Sink, error) {
 	}
 	transport := cfg.Transport
 	if transport == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		// Every in-flight record may hold a connection; keep them for reuse.
-		t.MaxIdleConnsPerHost = 256
-		t.MaxIdleConns = 256
-		transport = t
+		if transport, err = newTransport(cfg.Auth); err != nil {
+			return nil, err
+		}
 	}
 	if m == nil {
 		m = NewMetrics()
