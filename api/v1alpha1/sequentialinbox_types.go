@@ -259,6 +259,18 @@ type SinkSpec struct {
 	// +optional
 	// +kubebuilder:default="200ms"
 	InitialBackoff metav1.Duration `json:"initialBackoff,omitempty"`
+
+	// ForwardHeaders names record headers that are sent to the sink as HTTP headers, in any
+	// case. The CloudEvents attributes (from the record's ce_ headers only), content-type,
+	// traceparent and tracestate are always sent; no other record header is. Credential,
+	// hop-by-hop, proxy and forwarding headers (Authorization, Cookie, Proxy-*, X-Forwarded-*,
+	// Forwarded, Host, Connection, ...), ce- and ce_ names and seqinbox- names are refused.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=128
+	// +kubebuilder:validation:items:Pattern=`^[A-Za-z0-9!#$%&'*+.^_|~-]+$`
+	ForwardHeaders []string `json:"forwardHeaders,omitempty"`
 }
 
 // SinkServiceReference addresses a Service: <scheme>://<name>.<namespace>.svc:<port><path>.

@@ -151,7 +151,7 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	c.sink, err = sink.New(sink.Config{
 		URL: manifest.SinkURL(cfg.Inbox), Auth: cfg.SinkAuth, Timeout: spec.Sink.Timeout.Duration, Retries: retries,
-		InitialBackoff: spec.Sink.InitialBackoff.Duration, Log: log.WithName("sink"),
+		InitialBackoff: spec.Sink.InitialBackoff.Duration, ForwardHeaders: spec.Sink.ForwardHeaders, Log: log.WithName("sink"),
 	}, sinkMetrics)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)

@@ -213,6 +213,7 @@ type delivery struct {
 	ID, Type, Sequence, ContextID, ContentType string
 	Body                                       string
 	Status                                     int // 0: the client went away first
+	Header                                     http.Header
 }
 
 // testSink records every delivery. answer decides the status per request; 0 holds the request
@@ -242,6 +243,7 @@ func (s *testSink) serve(w http.ResponseWriter, r *http.Request) {
 	d := delivery{
 		ID: r.Header.Get("ce-id"), Type: r.Header.Get("ce-type"), Sequence: r.Header.Get("ce-seqinboxsequence"),
 		ContextID: r.Header.Get("ce-seqinboxcontextid"), ContentType: r.Header.Get("Content-Type"), Body: string(body),
+		Header: r.Header,
 	}
 	s.mu.Lock()
 	attempt := 1

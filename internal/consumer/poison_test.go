@@ -99,3 +99,45 @@ func TestEveryPoisonRecordIsDeadLetteredAndTheRecordBehindItDelivered(t *testing
 		return true
 	})
 }
+
+// TestSinkRequestCarriesOnlyAttributesTraceContextAndAllowListedHeaders produces a record whose
+// producer tries to relabel it (a raw ce-type header) and to pass a bearer token, a cookie and a
+// forwarding claim to the team's service.
+func TestSinkRequestCarriesOnlyAttributesTraceContextAndAllowListedHeaders(t *testing.T) {
+	database(t)
+	seeds := cluster(t, 1)
+	s := newSink(t, nil)
+	in := testInbox(t, seeds, "g-forge", s.srv.URL, sinkOpts{})
+	in.Spec.Sink.ForwardHeaders = []string{"x-tenant"}
+	r := startConsumer(t, in, "forge-1")
+	produce(t, seeds, event(0, "OrderCreated", "forge-1", "forge-o1",
+		kgo.RecordHeader{Key: "ce-type", Value: []byte("OrderCancelled")},
+		kgo.RecordHeader{Key: "ce-id", Value: []byte("forged")},
+		kgo.RecordHeader{Key: "authorization", Value: []byte("Bearer secret")},
+		kgo.RecordHeader{Key: "cookie", Value: []byte("session=1")},
+		kgo.RecordHeader{Key: "x-forwarded-for", Value: []byte("10.0.0.1")},
+		kgo.RecordHeader{Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")},
+		kgo.RecordHeader{Key: "x-tenant", Value: []byte("t-1")},
+		kgo.RecordHeader{Key: "x-other", Value: []byte("o")},
+	))
+	waitUntil(t, "the record was processed", func() bool { return r.events.count("") == 1 })
+	ds := s.deliveries()
+	if len(ds) != 1 {
+		t.Fatalf("the sink saw %d requests, want 1", len(ds))
+	}
+	h := ds[0].Header
+	if got := h.Values("Ce-Type"); len(got) != 1 || got[0] != "OrderCreated" {
+		t.Errorf("ce-type %q, want only the record's attribute OrderCreated", got)
+	}
+	if got := h.Values("Ce-Id"); len(got) != 1 || got[0] != "forge-1" {
+		t.Errorf("ce-id %q, want only the record's attribute forge-1", got)
+	}
+	if h.Get("Traceparent") == "" || h.Get("X-Tenant") != "t-1" {
+		t.Errorf("traceparent %q, x-tenant %q: want the trace context and the allow-listed header", h.Get("Traceparent"), h.Get("X-Tenant"))
+	}
+	for _, absent := range []string{"Authorization", "Cookie", "X-Forwarded-For", "X-Other"} {
+		if v := h.Values(absent); len(v) > 0 {
+			t.Errorf("record header %s = %q reached the sink", absent, v)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 // Package sink delivers released messages to the team's HTTP service as CloudEvents 1.0 in binary
 // mode (SPEC §10): an HTTP POST with the original body and content type byte for byte, the
-// CloudEvents attributes as ce- headers, plus ce-seqinboxsequence and ce-seqinboxcontextid. It is
+// CloudEvents attributes as ce- headers, plus ce-seqinboxsequence and ce-seqinboxcontextid, the
+// trace context and the record headers the inbox allow-lists; nothing else of the record. It is
 // the engine's inbox.Listener. Transient failures (connection errors, timeouts, 408, 429, 5xx) are
 // retried with exponential backoff and jitter; any other non-2xx answer fails at once.
 package sink
@@ -41,6 +42,10 @@ type Config struct {
 	InitialBackoff time.Duration
 	// MaxBackoff caps one wait (also one honoured Retry-After); zero means 30s.
 	MaxBackoff time.Duration
+	// ForwardHeaders are record headers (names, any case) forwarded besides the CloudEvents
+	// attributes, content-type and the trace context (spec.sink.forwardHeaders); New refuses
+	// credential, hop-by-hop, proxy and attribute names.
+	ForwardHeaders []string
 	// Transport carries the requests; nil builds a pooled transport for this sink alone, secured
 	// as Auth says.
 	Transport http.RoundTripper
@@ -82,6 +87,7 @@ func (c Config) backoff(retry int) time.Duration {
 // deliveries; safe for concurrent use.
 type Sink struct {
 	cfg     Config
+	forward map[string]bool // lower-case names of allow-listed record headers
 	url     string
 	client  *http.Client
 	metrics *Metrics
@@ -110,6 +116,10 @@ func New(cfg Config, m *Metrics) (*Sink, error) {
 			return nil, err
 		}
 	}
+	forward, err := forwardSet(cfg.ForwardHeaders)
+	if err != nil {
+		return nil, err
+	}
 	if m == nil {
 		m = NewMetrics()
 	}
@@ -119,6 +129,7 @@ func New(cfg Config, m *Metrics) (*Sink, error) {
 	}
 	return &Sink{
 		cfg:     cfg,
+		forward: forward,
 		url:     cfg.URL,
 		client:  &http.Client{Transport: transport, CheckRedirect: noRedirects},
 		metrics: m,
@@ -152,7 +163,7 @@ func (e *Error) Unwrap() error { return e.Err }
 // Deliver implements inbox.Listener: POST the message, retrying transient failures, until a 2xx
 // answer, a final failure, the retries are used up, or ctx ends.
 func (s *Sink) Deliver(ctx context.Context, m inbox.Message) error {
-	header := Headers(m)
+	header := s.headers(m)
 	var last *attemptError
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 {
@@ -261,74 +272,6 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
-}
-
-// Headers renders a message as CloudEvents binary-mode HTTP headers: `ce_<name>` record headers
-// become `ce-<name>` (values percent-encoded as the HTTP binding requires), content-type is kept,
-// other headers that are valid HTTP headers pass through (trace context), and the sequence and
-// context extensions are added.
-func Headers(m inbox.Message) http.Header {
-	h := http.Header{}
-	for _, rh := range m.Record.Headers {
-		key := strings.ToLower(rh.Key)
-		switch {
-		case strings.HasPrefix(key, "ce_"):
-			name := "ce-" + key[len("ce_"):]
-			if name == SequenceHeader || name == ContextIDHeader {
-				continue
-			}
-			h.Set(name, percentEncode(rh.Value))
-		case key == "content-type":
-			h.Set("Content-Type", string(rh.Value))
-		case passThrough(key, rh.Value):
-			h.Set(rh.Key, string(rh.Value))
-		}
-	}
-	h.Set(SequenceHeader, percentEncode([]byte(m.Sequence)))
-	h.Set(ContextIDHeader, percentEncode([]byte(m.ContextID)))
-	return h
-}
-
-// hopByHop are headers the HTTP client owns; a record header of that name is not forwarded.
-var hopByHop = map[string]bool{
-	"connection": true, "content-length": true, "host": true, "keep-alive": true, "te": true,
-	"trailer": true, "transfer-encoding": true, "upgrade": true, "proxy-authorization": true,
-	"proxy-connection": true, "expect": true,
-}
-
-func passThrough(key string, value []byte) bool {
-	if hopByHop[key] || strings.HasPrefix(key, "seqinbox-") || key == "" {
-		return false
-	}
-	for _, c := range []byte(key) {
-		if !isTokenChar(c) {
-			return false
-		}
-	}
-	for _, c := range value {
-		if c < 0x20 && c != '\t' || c == 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
-func isTokenChar(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
-}
-
-// percentEncode encodes what the CloudEvents HTTP binding requires for attribute header values:
-// bytes outside printable ASCII, space, double quote and percent.
-func percentEncode(v []byte) string {
-	var b strings.Builder
-	for _, c := range v {
-		if c > 0x20 && c < 0x7f && c != '"' && c != '%' {
-			b.WriteByte(c)
-			continue
-		}
-		fmt.Fprintf(&b, "%%%02X", c)
-	}
-	return b.String()
 }
 
 // Metrics are the sink's Prometheus collectors.
