@@ -50,9 +50,9 @@ type claimBalancer struct {
 // ProtocolName implements kgo.GroupBalancer.
 func (b claimBalancer) ProtocolName() string { return b.name }
 
-// GroupHolder is a member of the consumer group that holds it while the broker refuses this
+// groupHolder is a member of the consumer group that holds it while the broker refuses this
 // consumer: who to look for when a consumer stays not ready.
-type GroupHolder struct {
+type groupHolder struct {
 	MemberID, ClientID, Host string
 	// Protocol is the group protocol the holders agreed on (for example range or
 	// cooperative-sticky, or seqinbox-<claim protocol> of another seqinbox build).
@@ -60,7 +60,7 @@ type GroupHolder struct {
 }
 
 // String names the member for a person: "member (client c, host h, protocol p)".
-func (h GroupHolder) String() string {
+func (h groupHolder) String() string {
 	return fmt.Sprintf("%s (client %s, host %s, protocol %s)", h.MemberID, h.ClientID, h.Host, h.Protocol)
 }
 
@@ -84,7 +84,7 @@ type groupMembership struct {
 	refusedSince time.Time
 	// held lists the members that held the group at the last refusal; describeErr is why they
 	// are unknown.
-	held        []GroupHolder
+	held        []groupHolder
 	describeErr error
 	// lastErr is the last group error other than a refusal.
 	lastErr error
@@ -207,7 +207,7 @@ func (m *groupMembership) reset() {
 const describeTimeout = 5 * time.Second
 
 // describe lists the members that hold the group.
-func (m *groupMembership) describe() ([]GroupHolder, error) {
+func (m *groupMembership) describe() ([]groupHolder, error) {
 	if m.admin == nil {
 		return nil, errors.New("no admin client")
 	}
@@ -224,21 +224,21 @@ func (m *groupMembership) describe() ([]GroupHolder, error) {
 	if g.Err != nil {
 		return nil, fmt.Errorf("describe group %s: %w", m.group, g.Err)
 	}
-	held := make([]GroupHolder, len(g.Members))
+	held := make([]groupHolder, len(g.Members))
 	for i, member := range g.Members {
-		held[i] = GroupHolder{MemberID: member.MemberID, ClientID: member.ClientID, Host: member.ClientHost, Protocol: g.Protocol}
+		held[i] = groupHolder{MemberID: member.MemberID, ClientID: member.ClientID, Host: member.ClientHost, Protocol: g.Protocol}
 	}
 	return held, nil
 }
 
-func (m *groupMembership) exportHolders(held []GroupHolder) {
+func (m *groupMembership) exportHolders(held []groupHolder) {
 	m.holders.Reset()
 	for _, h := range held {
 		m.holders.WithLabelValues(m.group, h.MemberID, h.ClientID, h.Host, h.Protocol).Set(1)
 	}
 }
 
-func holderNames(held []GroupHolder) []string {
+func holderNames(held []groupHolder) []string {
 	names := make([]string, len(held))
 	for i, h := range held {
 		names[i] = h.String()
