@@ -195,12 +195,18 @@ type KafkaSASL struct {
 	AllowPlainWithoutTLS bool `json:"allowPlainWithoutTLS,omitempty"`
 }
 
+// MaintenanceConnections is what each consumer pod holds besides spec.database.poolSize: a small
+// pool of its own for housekeeping (one), operator actions (two) and the version fence (one), so
+// that maintenance never takes a record's connection. The connection budget counts it.
+const MaintenanceConnections = 4
+
 // DatabaseSpec says where the inbox state lives and how many connections a consumer may use.
 type DatabaseSpec struct {
 	// URLSecretRef names the Secret key that holds the PostgreSQL connection URL.
 	URLSecretRef corev1.SecretKeySelector `json:"urlSecretRef"`
 
-	// PoolSize is the number of connections per consumer pod. A record in flight holds up to two.
+	// PoolSize is the number of connections per consumer pod for records; a record in flight holds
+	// up to two. Each pod holds 4 more for housekeeping, operator actions and the version fence.
 	// +optional
 	// +kubebuilder:default=10
 	// +kubebuilder:validation:Minimum=2
@@ -208,7 +214,7 @@ type DatabaseSpec struct {
 	PoolSize int32 `json:"poolSize,omitempty"`
 
 	// ConnectionBudget is the number of connections the database grants this inbox in total;
-	// poolSize × replicas (plus the migration Job's one) must fit into it.
+	// (poolSize + 4) × replicas, plus the migration Job's one, must fit into it.
 	// +optional
 	// +kubebuilder:validation:Minimum=2
 	ConnectionBudget *int32 `json:"connectionBudget,omitempty"`

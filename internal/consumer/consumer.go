@@ -27,6 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/deadletter"
 	"github.com/seqinbox/seqinbox/internal/declaration"
 	"github.com/seqinbox/seqinbox/internal/decode"
@@ -191,9 +192,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return fmt.Errorf("consumer: %w", err)
 	}
 	defer pool.Close()
+	// Housekeeping, operator actions, metrics reads and the fence never take a record's connection.
+	maintenance, err := newPool(ctx, c.cfg.DatabaseURL, v1alpha1.MaintenanceConnections)
+	if err != nil {
+		return fmt.Errorf("consumer: maintenance %w", err)
+	}
+	defer maintenance.Close()
 	defer func() { c.log.Info("consumer stopped", "killed", c.killed.Load()) }()
 	// Kill closes the pool at once, as a crash would drop the connections.
-	stopKillWatch := context.AfterFunc(c.work, pool.Close)
+	stopKillWatch := context.AfterFunc(c.work, func() { pool.Close(); maintenance.Close() })
 	defer stopKillWatch()
 
 	producer, err := kgo.NewClient(c.connOpts...)
@@ -209,14 +216,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.log.Info("the sink's timeout and retries take longer than a record may take; raise spec.kafka.maxPollIntervalMs or lower the sink's timeout or retries",
 			"listenerDeadline", deadline, "recordTimeout", c.recordTimeout)
 	}
-	engine, err := inbox.New(pool, c.set, listenerWatch{c.sink}, engineConfig(spec, deadline, c.clock, c.log), c.engineMetrics)
+	engineCfg := engineConfig(spec, deadline, c.clock, c.log)
+	engineCfg.Maintenance = maintenance
+	engine, err := inbox.New(pool, c.set, listenerWatch{c.sink}, engineCfg, c.engineMetrics)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}
 	fenceCfg := c.cfg.Fence
 	fenceCfg.Clock = c.clock
 	fenceCfg.Log = c.log.WithName("fence")
-	f, err := fence.New(pool, fence.Identity{
+	f, err := fence.New(maintenance, fence.Identity{
 		InstanceID: c.cfg.InstanceID, ConsumerGroup: spec.Kafka.ConsumerGroup,
 		EngineVersion: c.build.engineVersion, ClaimProtocol: c.build.claimProtocol,
 	}, fenceCfg)

@@ -13,22 +13,28 @@ import (
 // migrationJobConnections is what a probe or migration Job holds while it runs next to the consumers.
 const migrationJobConnections = 1
 
-// checkConnectionBudget rejects a spec in which not even one consumer (poolSize) plus one Job
-// connection fits into spec.database.connectionBudget. More replicas than the budget fits are
-// not an error: the operator runs as many as fit (budgetReplicas) and says so in ScalingLimited,
-// so that an autoscaler asking for more never invalidates the inbox.
+// checkConnectionBudget rejects a spec in which not even one consumer (poolSize plus its
+// maintenance pool) plus one Job connection fits into spec.database.connectionBudget. More
+// replicas than the budget fits are not an error: the operator runs as many as fit
+// (budgetReplicas) and says so in ScalingLimited, so that an autoscaler asking for more never
+// invalidates the inbox.
 func checkConnectionBudget(spec *v1alpha1.SequentialInboxSpec) *field.Error {
 	if spec.Database.ConnectionBudget == nil {
 		return nil
 	}
 	budget := *spec.Database.ConnectionBudget
-	needed := int64(spec.Database.PoolSize) + migrationJobConnections
-	if needed <= int64(budget) {
+	needed := consumerConnections(spec) + migrationJobConnections
+	if needed <= budget {
 		return nil
 	}
 	return field.Invalid(field.NewPath("spec", "database", "poolSize"), spec.Database.PoolSize,
-		fmt.Sprintf("one consumer's %d connections + %d for the migration Job = %d exceed spec.database.connectionBudget %d; "+
-			"lower poolSize or raise the budget", spec.Database.PoolSize, migrationJobConnections, needed, budget))
+		fmt.Sprintf("one consumer's %d connections + %d for its maintenance + %d for the migration Job = %d exceed spec.database.connectionBudget %d; "+
+			"lower poolSize or raise the budget", spec.Database.PoolSize, v1alpha1.MaintenanceConnections, migrationJobConnections, needed, budget))
+}
+
+// consumerConnections is what one consumer pod holds: its records' pool and its maintenance pool.
+func consumerConnections(spec *v1alpha1.SequentialInboxSpec) int32 {
+	return spec.Database.PoolSize + v1alpha1.MaintenanceConnections
 }
 
 // budgetReplicas is how many consumers fit into spec.database.connectionBudget next to the
@@ -38,7 +44,7 @@ func budgetReplicas(spec *v1alpha1.SequentialInboxSpec) (int32, bool) {
 		return 0, false
 	}
 	free := max(*spec.Database.ConnectionBudget-migrationJobConnections, 0)
-	return free / spec.Database.PoolSize, true
+	return free / consumerConnections(spec), true
 }
 
 // worstCaseRecordTime is the longest one record may take: it can release a chain of longestChain

@@ -27,11 +27,12 @@ func TestConnectionBudgetMustFitOneConsumerAndTheMigrationJob(t *testing.T) {
 		wantMessageContains string
 	}{
 		{name: "no budget is never exceeded", pool: 100, replicas: 100, budget: nil},
-		{name: "one pool plus the job fit exactly", pool: 10, replicas: 1, budget: ptr.To(int32(11))},
+		{name: "one pool, its maintenance pool and the job fit exactly", pool: 10, replicas: 1, budget: ptr.To(int32(15))},
 		{name: "more replicas than fit are capped, not invalid", pool: 10, replicas: 3, budget: ptr.To(int32(30))},
-		{name: "the job's connection does not fit next to one pool", pool: 10, replicas: 1, budget: ptr.To(int32(10)),
-			wantErr: true, wantMessageContains: "one consumer's 10 connections + 1 for the migration Job = 11 exceed spec.database.connectionBudget 10"},
-		{name: "zero replicas still need room for one", pool: 10, replicas: 0, budget: ptr.To(int32(2)), wantErr: true, wantMessageContains: "= 11 exceed"},
+		{name: "the job's connection does not fit next to one consumer", pool: 10, replicas: 1, budget: ptr.To(int32(14)),
+			wantErr: true, wantMessageContains: "one consumer's 10 connections + 4 for its maintenance + 1 for the migration Job = 15 exceed spec.database.connectionBudget 14"},
+		{name: "the maintenance pool does not fit", pool: 10, replicas: 1, budget: ptr.To(int32(11)), wantErr: true, wantMessageContains: "= 15 exceed"},
+		{name: "zero replicas still need room for one", pool: 10, replicas: 0, budget: ptr.To(int32(2)), wantErr: true, wantMessageContains: "= 15 exceed"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

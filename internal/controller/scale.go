@@ -64,8 +64,8 @@ func budgetCap(spec *v1alpha1.SequentialInboxSpec) (replicaCap, bool) {
 		return replicaCap{}, false
 	}
 	return replicaCap{limit: n, reason: reasonConnectionBudget, why: fmt.Sprintf(
-		"spec.database.connectionBudget %d fits %d consumer(s) of poolSize %d next to the migration Job's connection",
-		*spec.Database.ConnectionBudget, n, spec.Database.PoolSize)}, true
+		"spec.database.connectionBudget %d fits %d consumer(s) of poolSize %d (+%d maintenance connections each) next to the migration Job's connection",
+		*spec.Database.ConnectionBudget, n, spec.Database.PoolSize, v1alpha1.MaintenanceConnections)}, true
 }
 
 // partitionCap is the topics' partition count as a replica cap; false when no topic exists yet

@@ -46,10 +46,10 @@ func TestCapReplicasTakesTheLowestCap(t *testing.T) {
 }
 
 func TestBudgetAndPartitionCaps(t *testing.T) {
-	spec := budgetSpec(10, 5, ptr.To(int32(31)))
+	spec := budgetSpec(10, 5, ptr.To(int32(43)))
 	c, ok := budgetCap(spec)
-	if !ok || c.limit != 3 || !strings.Contains(c.why, "connectionBudget 31 fits 3 consumer(s) of poolSize 10") {
-		t.Errorf("budgetCap(pool 10, budget 31) = %+v, %v; want 3 with the arithmetic named", c, ok)
+	if !ok || c.limit != 3 || !strings.Contains(c.why, "connectionBudget 43 fits 3 consumer(s) of poolSize 10 (+4 maintenance connections each)") {
+		t.Errorf("budgetCap(pool 10, budget 43) = %+v, %v; want 3 with the arithmetic named", c, ok)
 	}
 	if _, ok := budgetCap(budgetSpec(10, 5, nil)); ok {
 		t.Error("without a budget there must be no budget cap")
@@ -153,16 +153,16 @@ func TestScaleIsCappedByThePartitionCount(t *testing.T) {
 func TestScaleIsCappedByTheConnectionBudget(t *testing.T) {
 	h := newHarness(t)
 	h.create("orders", func(in *v1alpha1.SequentialInbox) {
-		in.Spec.Database.PoolSize, in.Spec.Database.ConnectionBudget = 10, ptr.To(int32(31))
+		in.Spec.Database.PoolSize, in.Spec.Database.ConnectionBudget = 10, ptr.To(int32(43))
 	})
 	h.bringUp("orders")
 	h.scaleTo("orders", 4)
 	h.reconcile("orders")
 	if got := *h.deployment("orders").Spec.Replicas; got != 3 {
-		t.Fatalf("deployment replicas = %d with a budget of 31 and poolSize 10, want 3", got)
+		t.Fatalf("deployment replicas = %d with a budget of 43 and poolSize 10 (+4), want 3", got)
 	}
 	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionTrue, reasonConnectionBudget,
-		"asks for 4", "3 run", "connectionBudget 31")
+		"asks for 4", "3 run", "connectionBudget 43")
 	h.expectCondition("orders", v1alpha1.ConditionConfigValid, metav1.ConditionTrue, reasonValid)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -94,16 +95,16 @@ LIMIT $1`
 const actionBatchSize = 100
 
 // RunPendingActions executes pending operator actions, each instance under its release lock;
-// instances being released by someone else right now are left to the next run. Messages whose
-// delivery fails, and buffered messages of a closed instance, go to dl. It returns the number of
-// actions executed.
+// instances being released by someone else right now are left to the next run. It runs on the
+// maintenance pool. Messages whose delivery fails, and buffered messages of a closed instance, go
+// to dl. It returns the number of actions executed.
 func (e *Engine) RunPendingActions(ctx context.Context, dl DeadLetterer) (int, error) {
 	if dl == nil {
 		return 0, errors.New("pending actions: no dead-letterer")
 	}
-	conn, err := e.pool.Acquire(ctx)
+	conn, err := e.acquire(ctx, e.maint)
 	if err != nil {
-		return 0, fmt.Errorf("pending actions: acquire connection: %w", err)
+		return 0, fmt.Errorf("pending actions: acquire maintenance connection: %w", err)
 	}
 	defer conn.Release()
 	rows, err := conn.Query(ctx, pendingInstancesSQL, actionBatchSize)
@@ -126,27 +127,39 @@ func (e *Engine) RunPendingActions(ctx context.Context, dl DeadLetterer) (int, e
 }
 
 // pendingMessageActionsSQL lists the message actions of an instance in message order.
-const pendingMessageActionsSQL = `SELECT id, state, pending_action FROM sequenced_message
+const pendingMessageActionsSQL = `SELECT id, message_type, idempotence_id, pending_action FROM sequenced_message
 WHERE sequence_instance_id = $1 AND pending_action IS NOT NULL
 ORDER BY id`
 
-// claimForActionSQL takes the claim of a FAILED message before CONSUME delivers it, inside the
-// action transaction: a resend in flight makes it wait and then find the claim taken.
+// Savepoint statements around one message action's claim inside the action transaction.
+const (
+	savepointSQL        = `SAVEPOINT message_action`
+	rollbackToSavepoint = `ROLLBACK TO SAVEPOINT message_action`
+	releaseSavepointSQL = `RELEASE SAVEPOINT message_action`
+)
+
+// claimForActionSQL is the first statement of a message action, behind a savepoint in the action
+// transaction: the claim insert of a delivery's T1. Like T1 it waits for a delivery of the
+// message in flight and then finds the claim taken (0 rows) or free (1 row, held until the
+// action transaction ends). A failed action rolls back to the savepoint, so that its claim goes
+// exactly as a failed delivery's does.
 const claimForActionSQL = `INSERT INTO sequential_inbox_idempotence (message_type, idempotence_id, sequence_instance_id, created_at)
 SELECT message_type, idempotence_id, sequence_instance_id, now() FROM sequenced_message WHERE id = $1
 ON CONFLICT (message_type, idempotence_id) DO NOTHING`
 
-// expireSQL marks a message PROCESSED without delivery and drops its raw record.
-const expireSQL = `WITH m AS (
-  UPDATE sequenced_message
-  SET state = 'PROCESSED', pending_action = NULL,
-      state_changed_at = CASE WHEN state = 'PROCESSED' THEN state_changed_at ELSE now() END
-  WHERE id = $1
-  RETURNING id
-)
-DELETE FROM buffered_message b USING m WHERE b.sequenced_message_id = m.id`
+// expectStateSQL writes a message state when the row is still in the state the action found
+// ($2); PROCESSED to PROCESSED keeps its state_changed_at.
+const expectStateSQL = `UPDATE sequenced_message
+SET state = $3, state_changed_at = CASE WHEN state = $3 THEN state_changed_at ELSE now() END
+WHERE id = $1 AND state = $2`
 
-const clearMessageActionSQL = `UPDATE sequenced_message SET pending_action = NULL WHERE id = $1`
+// dropClaimSQL deletes the claim of a message that an action leaves FAILED, so that a resend can
+// claim and retry it.
+const dropClaimSQL = `DELETE FROM sequential_inbox_idempotence c USING sequenced_message m
+WHERE m.id = $1 AND c.message_type = m.message_type AND c.idempotence_id = m.idempotence_id`
+
+// clearMessageActionSQL clears an executed action, unless another one was recorded meanwhile.
+const clearMessageActionSQL = `UPDATE sequenced_message SET pending_action = NULL WHERE id = $1 AND pending_action = $2`
 
 const clearInstanceActionSQL = `UPDATE sequence_instance SET pending_action = NULL WHERE id = $1`
 
@@ -154,7 +167,7 @@ const clearInstanceActionSQL = `UPDATE sequence_instance SET pending_action = NU
 // that holds the instance's release lock: message actions in message order, then the instance
 // action, then the ordinary release of whatever became releasable.
 func (e *Engine) runActionsUnderInstanceLock(ctx context.Context, conn *pgxpool.Conn, instanceID int64, dl DeadLetterer) (int, error) {
-	li, err := e.lockInstance(ctx, conn, instanceID, lockInstanceSkipLockedSQL)
+	li, err := e.lockInstance(ctx, conn, e.maint, instanceID, lockInstanceSkipLockedSQL)
 	if err != nil || li == nil {
 		endQuietly(conn, rollbackSQL)
 		if err != nil {
@@ -180,11 +193,12 @@ func (e *Engine) runActionsUnderInstanceLock(ctx context.Context, conn *pgxpool.
 	return done, nil
 }
 
-// pendingMessageAction is one row of pendingMessageActionsSQL.
+// pendingMessageAction is one row of pendingMessageActionsSQL: the row that carries the action
+// and the logical message it names.
 type pendingMessageAction struct {
-	id     int64
-	state  string
-	action MessageAction
+	id                           int64
+	qualifiedType, idempotenceID string
+	action                       MessageAction
 }
 
 func (li *lockedInstance) runActions(ctx context.Context) (int, error) {
@@ -194,7 +208,7 @@ func (li *lockedInstance) runActions(ctx context.Context) (int, error) {
 	}
 	actions, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pendingMessageAction, error) {
 		var a pendingMessageAction
-		err := r.Scan(&a.id, &a.state, &a.action)
+		err := r.Scan(&a.id, &a.qualifiedType, &a.idempotenceID, &a.action)
 		return a, err
 	})
 	if err != nil {
@@ -203,7 +217,7 @@ func (li *lockedInstance) runActions(ctx context.Context) (int, error) {
 	done := 0
 	for _, a := range actions {
 		if err := li.runMessageAction(ctx, a); err != nil {
-			return done, err
+			return done, fmt.Errorf("%s %s/%s: %w", a.action, a.qualifiedType, a.idempotenceID, err)
 		}
 		li.e.metrics.actions.WithLabelValues(string(a.action)).Inc()
 		done++
@@ -226,37 +240,150 @@ func (li *lockedInstance) runActions(ctx context.Context) (int, error) {
 	return done, nil
 }
 
+// claimForAction runs, in one round trip, the savepoint, the claim insert and the lookup of the
+// row that stands for the message (SPEC §3.4, after the claim insert). found is false when the
+// message has no row any more.
+func (li *lockedInstance) claimForAction(ctx context.Context, a pendingMessageAction) (storedMessage, bool, error) {
+	b := &pgx.Batch{}
+	b.Queue(savepointSQL)
+	b.Queue(claimForActionSQL, a.id)
+	b.Queue(lookupMessageSQL, a.qualifiedType, a.idempotenceID)
+	br := li.conn.SendBatch(ctx, b)
+	var stored storedMessage
+	found, err := func() (bool, error) {
+		if _, err := br.Exec(); err != nil {
+			return false, fmt.Errorf("savepoint: %w", err)
+		}
+		if _, err := br.Exec(); err != nil {
+			return false, fmt.Errorf("claim: %w", err)
+		}
+		err := br.QueryRow().Scan(&stored.id, &stored.state)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("look up stored message: %w", err)
+		}
+		return true, nil
+	}()
+	if closeErr := br.Close(); err == nil {
+		err = closeErr
+	}
+	li.idleSince = time.Now()
+	return stored, found, err
+}
+
+// runMessageAction executes one message action through the claim path of a delivery (SPEC §6):
+// it takes the message's claim, then
+//   - EXPIRE marks a WAITING or FAILED message PROCESSED without delivery (a PROCESSED one stays);
+//   - CONSUME delivers the message's stored raw record, whatever its state: PROCESSED after a
+//     success (a PROCESSED message is delivered again on request), FAILED with no claim after a
+//     failure, as a failed delivery leaves it — except that PROCESSED is final and stays.
+//
+// Every state write expects the state the lookup found and clears the action in the same
+// transaction, which commits before the claim does.
 func (li *lockedInstance) runMessageAction(ctx context.Context, a pendingMessageAction) error {
+	stored, found, err := li.claimForAction(ctx, a)
+	if err != nil {
+		return err
+	}
+	var w stateWrite
+	switch {
+	case !found:
+		li.e.log.Info("action's message is gone", "action", a.action, "messageId", a.id, "sequence", li.name, "context", li.contextID)
+	case a.action == ActionExpire && stored.state != stateProcessed:
+		w = stateWrite{id: stored.id, from: stored.state, to: stateProcessed}
+	case a.action == ActionExpire:
+		li.e.log.Info("EXPIRE of a PROCESSED message changes nothing", "messageId", stored.id, "sequence", li.name, "context", li.contextID)
+	case a.action == ActionConsume:
+		return li.consume(ctx, a, stored)
+	default:
+		li.e.log.Info("unknown message action cleared", "action", a.action, "messageId", a.id, "sequence", li.name, "context", li.contextID)
+	}
 	stateConn, err := li.acquireStateConn(ctx)
 	if err != nil {
 		return err
 	}
+	if err := finishMessageActionInNewTx(ctx, stateConn, w, a); err != nil {
+		return err
+	}
+	return li.endSavepoint(ctx, releaseSavepointSQL)
+}
+
+// consume is CONSUME on the message's stored row, under the claim taken by claimForAction.
+func (li *lockedInstance) consume(ctx context.Context, a pendingMessageAction, stored storedMessage) error {
+	d, err := li.deliverRecord(ctx, stored.id)
+	if err != nil {
+		return err
+	}
 	switch {
-	case a.action == ActionExpire:
-		if _, err := stateConn.Exec(ctx, expireSQL, a.id); err != nil {
-			return fmt.Errorf("expire message %d: %w", a.id, err)
+	case d.listenerErr == nil:
+		if err := finishMessageActionInNewTx(ctx, d.stateConn, stateWrite{id: stored.id, from: stored.state, to: stateProcessed}, a); err != nil {
+			return err
+		}
+		return li.endSavepoint(ctx, releaseSavepointSQL)
+	case stored.state == stateProcessed:
+		li.e.log.Info("CONSUME of a PROCESSED message failed; it stays PROCESSED", "messageId", stored.id,
+			"sequence", li.name, "context", li.contextID, "error", d.listenerErr.Error())
+		if err := finishMessageActionInNewTx(ctx, d.stateConn, stateWrite{}, a); err != nil {
+			return err
+		}
+		return li.endSavepoint(ctx, releaseSavepointSQL)
+	default:
+		w := stateWrite{id: stored.id, from: stored.state, to: stateFailed, dropClaim: true}
+		if err := finishMessageActionInNewTx(ctx, d.stateConn, w, a); err != nil {
+			return err
+		}
+		li.failures = append(li.failures, Failure{Message: d.stored.msg, Origin: d.stored.msg.Record.Origin, Err: d.listenerErr})
+		if err := li.endSavepoint(ctx, rollbackToSavepoint); err != nil {
+			return err
+		}
+		return li.endSavepoint(ctx, releaseSavepointSQL)
+	}
+}
+
+// endSavepoint rolls back to or releases the savepoint of a message action.
+func (li *lockedInstance) endSavepoint(ctx context.Context, sql string) error {
+	if _, err := li.conn.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("%s: %w", sql, err)
+	}
+	li.idleSince = time.Now()
+	return nil
+}
+
+// stateWrite is the state change of a message action: row id from one state to another, and
+// whether the claim goes. A zero stateWrite writes no state.
+type stateWrite struct {
+	id        int64
+	from, to  string
+	dropClaim bool
+}
+
+// finishMessageActionInNewTx writes the action's state change and clears the action, in one
+// transaction on the state connection, which commits before the action transaction (and its
+// claim). A row no longer in the expected state fails the whole action run: nothing is written,
+// the action stays pending, and the next run sees the new state.
+func finishMessageActionInNewTx(ctx context.Context, conn *pgxpool.Conn, w stateWrite, a pendingMessageAction) error {
+	return pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		if w.id != 0 {
+			tag, err := tx.Exec(ctx, expectStateSQL, w.id, w.from, w.to)
+			if err != nil {
+				return fmt.Errorf("write %s: %w", w.to, err)
+			}
+			if tag.RowsAffected() != 1 {
+				return fmt.Errorf("write %s over %s: %w", w.to, w.from, errStateChanged)
+			}
+			if w.dropClaim {
+				if _, err := tx.Exec(ctx, dropClaimSQL, w.id); err != nil {
+					return fmt.Errorf("drop claim: %w", err)
+				}
+			}
+		}
+		if _, err := tx.Exec(ctx, clearMessageActionSQL, a.id, string(a.action)); err != nil {
+			return fmt.Errorf("clear action: %w", err)
 		}
 		return nil
-	case a.action == ActionConsume && a.state == stateWaiting:
-		return li.deliverStored(ctx, a.id, stateWaiting)
-	case a.action == ActionConsume && a.state == stateFailed:
-		tag, err := li.conn.Exec(ctx, claimForActionSQL, a.id)
-		if err != nil {
-			return fmt.Errorf("claim message %d: %w", a.id, err)
-		}
-		if tag.RowsAffected() == 1 {
-			return li.deliverStored(ctx, a.id, stateFailed)
-		}
-		li.e.log.Info("CONSUME skipped: a redelivery holds the message's claim", "messageId", a.id,
-			"sequence", li.name, "context", li.contextID)
-	default:
-		li.e.log.Info("action has nothing to do", "action", a.action, "state", a.state, "messageId", a.id,
-			"sequence", li.name, "context", li.contextID)
-	}
-	if _, err := stateConn.Exec(ctx, clearMessageActionSQL, a.id); err != nil {
-		return fmt.Errorf("clear action of message %d: %w", a.id, err)
-	}
-	return nil
+	})
 }
 
 func (li *lockedInstance) runInstanceAction(ctx context.Context, a InstanceAction) error {
@@ -267,14 +394,10 @@ func (li *lockedInstance) runInstanceAction(ctx context.Context, a InstanceActio
 	switch a {
 	case ActionConsumeAll:
 		for _, w := range st.waiting {
-			if err := li.deliverStored(ctx, w.id, stateWaiting); err != nil {
+			if err := li.deliverStored(ctx, w.id); err != nil {
 				return err
 			}
 		}
-		if _, err := li.conn.Exec(ctx, clearInstanceActionSQL, li.id); err != nil {
-			return fmt.Errorf("clear instance action: %w", err)
-		}
-		return nil
 	case ActionClose:
 		stateConn, err := li.acquireStateConn(ctx)
 		if err != nil {
@@ -285,19 +408,21 @@ func (li *lockedInstance) runInstanceAction(ctx context.Context, a InstanceActio
 			if err != nil {
 				return err
 			}
-			if _, err := stateConn.Exec(ctx, markReleaseFailedSQL, w.id); err != nil {
+			var n int
+			if err := stateConn.QueryRow(ctx, markReleaseFailedSQL, w.id, stateWaiting).Scan(&n); err != nil {
 				return fmt.Errorf("fail message %d: %w", w.id, err)
 			}
-			li.failures = append(li.failures, Failure{Message: s.msg, Origin: s.msg.Record.Origin,
-				Err: errors.New("sequence closed without delivery")})
+			if n == 1 {
+				li.failures = append(li.failures, Failure{Message: s.msg, Origin: s.msg.Record.Origin,
+					Err: errors.New("sequence closed without delivery")})
+			}
 		}
 		li.close()
-		return nil
 	default:
 		li.e.log.Info("unknown instance action cleared", "action", a, "sequence", li.name, "context", li.contextID)
-		if _, err := li.conn.Exec(ctx, clearInstanceActionSQL, li.id); err != nil {
-			return fmt.Errorf("clear instance action: %w", err)
-		}
-		return nil
 	}
+	if _, err := li.conn.Exec(ctx, clearInstanceActionSQL, li.id); err != nil {
+		return fmt.Errorf("clear instance action: %w", err)
+	}
+	return nil
 }

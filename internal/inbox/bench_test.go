@@ -124,7 +124,8 @@ func BenchmarkThroughput(b *testing.B) {
 					b.Fatal(err)
 				}
 				l := &noopListener{}
-				e, err := New(pool, v.set(), l, Config{ListenerDeadline: time.Minute, IdleLockTimeout: time.Minute}, nil)
+				e, err := New(pool, v.set(), l, Config{ListenerDeadline: time.Minute, IdleLockTimeout: time.Minute,
+					Maintenance: newPool(b, dbURL, MaintenanceConnections)}, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -183,7 +184,8 @@ func BenchmarkDuplicateStorm(b *testing.B) {
 	const logical, copies, workers = 1000, 8, 16
 	pool := newPool(b, dbURL, 2*workers+1)
 	l := &noopListener{}
-	e, err := New(pool, twoTypeSet(), l, Config{ListenerDeadline: time.Minute, IdleLockTimeout: time.Minute}, nil)
+	e, err := New(pool, twoTypeSet(), l, Config{ListenerDeadline: time.Minute, IdleLockTimeout: time.Minute,
+		Maintenance: newPool(b, dbURL, MaintenanceConnections)}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -35,16 +35,24 @@ RETURNING set_config('idle_in_transaction_session_timeout', $4, true)`
 // setIdleTimeoutSQL bounds the idle time of the current transaction only (is_local = true).
 const setIdleTimeoutSQL = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
 
-// lookupMessageSQL finds the stored state of a logical message. Databases may hold historical
-// duplicates (no unique constraint, SPEC §2), so it picks the most advanced state
-// deterministically: PROCESSED before WAITING before FAILED, then the newest row. It must be a
-// statement of its own after the claim insert: at READ COMMITTED each statement reads a new
-// snapshot, and only one taken after the insert returned sees the state that a winner, for whom
-// the insert waited, committed before it ended.
+// lookupMessageSQL finds the row that stands for a logical message. Databases may hold
+// historical duplicates (no unique constraint, SPEC §2), so it picks the most advanced state
+// deterministically: PROCESSED before WAITING before FAILED, then the newest row. Every read
+// that picks a message applies the same rule (waitingStandsForItsMessage for WAITING rows), so
+// one logical message is never handled as two. It must be a statement of its own after the
+// claim insert: at READ COMMITTED each statement reads a new snapshot, and only one taken after
+// the insert returned sees the state that a winner, for whom the insert waited, committed
+// before it ended.
 const lookupMessageSQL = `SELECT id, state FROM sequenced_message
 WHERE idempotence_id = $2 AND message_type = $1
 ORDER BY CASE state WHEN 'PROCESSED' THEN 0 WHEN 'WAITING' THEN 1 ELSE 2 END, id DESC
 LIMIT 1`
+
+// waitingStandsForItsMessage holds for a WAITING row m that stands for its logical message under
+// the rule of lookupMessageSQL: no PROCESSED row and no newer WAITING row of the same message.
+const waitingStandsForItsMessage = `NOT EXISTS (SELECT 1 FROM sequenced_message d
+  WHERE d.idempotence_id = m.idempotence_id AND d.message_type = m.message_type
+    AND (d.state = 'PROCESSED' OR (d.state = 'WAITING' AND d.id > m.id)))`
 
 // Message states as stored in sequenced_message.state.
 const (
@@ -57,10 +65,11 @@ const (
 // claim insert (a foreign key violation); Process looks the instance up again.
 var errInstanceGone = errors.New("sequence instance deleted concurrently")
 
-// errClaimLost reports that, while our listener ran, another delivery recorded the message: our
-// T1 must have been ended by the server (connection killed). The caller retries the record,
-// which then finds the stored state and skips it.
-var errClaimLost = errors.New("claim lost while the listener ran")
+// errStateChanged reports that a state write did not find the message in the state it expected:
+// while we held the claim, someone else recorded it, so our T1 must have been ended by the server
+// (connection killed). Nothing was written; the caller retries the record, which then finds the
+// stored state.
+var errStateChanged = errors.New("message state changed concurrently; the claim was lost")
 
 // querier is what single statements need; pool, pooled connection and transaction all have it.
 type querier interface {
@@ -215,7 +224,7 @@ func (e *Engine) deliverUnderClaim(ctx context.Context, instanceID int64, c clai
 		return Result{}, rollbackSQL, fmt.Errorf("claim %s: store %s: %w", key, state, err)
 	}
 	if !stored {
-		return Result{}, rollbackSQL, fmt.Errorf("claim %s: %w", key, errClaimLost)
+		return Result{}, rollbackSQL, fmt.Errorf("claim %s: %w", key, errStateChanged)
 	}
 	if listenerErr != nil {
 		return Result{Outcome: Failed, ListenerErr: listenerErr}, end, nil
@@ -223,40 +232,49 @@ func (e *Engine) deliverUnderClaim(ctx context.Context, instanceID int64, c clai
 	return Result{Outcome: Delivered}, end, nil
 }
 
-// insertStateSQL stores the state of a delivered message that had no row. The guard finds a row
-// only when someone else recorded the message after T1's lookup, which means our claim was lost.
-const insertStateSQL = `INSERT INTO sequenced_message
-  (sequence_instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
-WHERE NOT EXISTS (SELECT 1 FROM sequenced_message WHERE idempotence_id = $3 AND message_type = $2)`
+// insertStateSQL stores the state of a delivered message that had no row, with the raw record
+// of this delivery, so that a CONSUME action can deliver it again. The guard finds a row only
+// when someone else recorded the message after T1's lookup, which means our claim was lost.
+const insertStateSQL = `WITH m AS (
+  INSERT INTO sequenced_message
+    (sequence_instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context)
+  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
+  WHERE NOT EXISTS (SELECT 1 FROM sequenced_message WHERE idempotence_id = $3 AND message_type = $2)
+  RETURNING id, sequence_instance_id
+)
+INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
+SELECT sequence_instance_id, id, $10, $11, $12 FROM m`
 
-// updateFailedStateSQL stores the new state of a redelivered FAILED message on its row (a
-// PROCESSED message no longer needs a buffered record) and reports whether the row was still
-// FAILED.
+// updateFailedStateSQL stores the new state of a redelivered FAILED message on its row, with the
+// raw record of this delivery; it writes nothing unless the row is still FAILED.
 const updateFailedStateSQL = `WITH m AS (
   UPDATE sequenced_message
   SET state = $2, state_changed_at = now(), sequence_instance_id = $3, message_id = $4, topic = $5,
-      partition = $6, "offset" = $7, trace_context = $8, pending_action = NULL
+      partition = $6, "offset" = $7, trace_context = $8
   WHERE id = $1 AND state = 'FAILED'
-  RETURNING id
-), d AS (
-  DELETE FROM buffered_message b USING m WHERE b.sequenced_message_id = m.id AND $2 = 'PROCESSED'
+  RETURNING id, sequence_instance_id
 )
-SELECT count(*) FROM m`
+INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
+SELECT sequence_instance_id, id, $9, $10, $11 FROM m
+ON CONFLICT (sequenced_message_id) DO UPDATE
+SET sequence_instance_id = EXCLUDED.sequence_instance_id, key = EXCLUDED.key, value = EXCLUDED.value, headers = EXCLUDED.headers`
 
 // storeStateInNewTx writes the state of a message delivered under a claim in its own
 // single-statement transaction, on a connection other than T1's. It reports false when the
 // message was recorded by someone else meanwhile.
 func storeStateInNewTx(ctx context.Context, conn *pgxpool.Conn, instanceID int64, existing storedMessage, state string, msg Message) (bool, error) {
 	r, o := msg.Record, msg.Record.Origin
+	headers, err := encodeHeaders(r.Headers)
+	if err != nil {
+		return false, err
+	}
 	if existing.state == stateFailed {
-		var n int
-		err := conn.QueryRow(ctx, updateFailedStateSQL, existing.id, state, instanceID,
-			o.MessageID, o.Topic, o.Partition, o.Offset, traceContext(r.Headers)).Scan(&n)
-		return n == 1, err
+		tag, err := conn.Exec(ctx, updateFailedStateSQL, existing.id, state, instanceID,
+			o.MessageID, o.Topic, o.Partition, o.Offset, traceContext(r.Headers), r.Key, r.Value, headers)
+		return tag.RowsAffected() == 1, err
 	}
 	tag, err := conn.Exec(ctx, insertStateSQL, instanceID, msg.QualifiedType, r.IdempotenceID,
-		o.MessageID, o.Topic, o.Partition, o.Offset, state, traceContext(r.Headers))
+		o.MessageID, o.Topic, o.Partition, o.Offset, state, traceContext(r.Headers), r.Key, r.Value, headers)
 	return tag.RowsAffected() == 1, err
 }
 
@@ -272,12 +290,13 @@ const bufferNewSQL = `WITH m AS (
 INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
 SELECT sequence_instance_id, id, $9, $10, $11 FROM m`
 
-// bufferFailedSQL buffers a redelivered FAILED message on its row, replacing an older record.
+// bufferFailedSQL buffers a redelivered FAILED message on its row, replacing an older record. It
+// writes nothing unless the row is still FAILED: an operator's EXPIRE, for one, is final.
 const bufferFailedSQL = `WITH m AS (
   UPDATE sequenced_message
   SET state = 'WAITING', state_changed_at = now(), sequence_instance_id = $1, message_id = $4, topic = $5,
-      partition = $6, "offset" = $7, trace_context = $8, pending_action = NULL
-  WHERE id = $12 AND message_type = $2 AND idempotence_id = $3
+      partition = $6, "offset" = $7, trace_context = $8
+  WHERE id = $12 AND message_type = $2 AND idempotence_id = $3 AND state = 'FAILED'
   RETURNING id, sequence_instance_id
 )
 INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
@@ -298,8 +317,12 @@ func bufferUnderClaim(ctx context.Context, conn *pgxpool.Conn, instanceID int64,
 	if existing.state == stateFailed {
 		sql, args = bufferFailedSQL, append(args, existing.id)
 	}
-	if _, err := conn.Exec(ctx, sql, args...); err != nil {
+	tag, err := conn.Exec(ctx, sql, args...)
+	if err != nil {
 		return fmt.Errorf("buffer %s/%s: %w", msg.QualifiedType, r.IdempotenceID, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("buffer %s/%s: %w", msg.QualifiedType, r.IdempotenceID, errStateChanged)
 	}
 	return nil
 }

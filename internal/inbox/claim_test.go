@@ -411,7 +411,7 @@ func TestRecordWithoutIdempotenceIDIsAnError(t *testing.T) {
 }
 
 func TestListenerCallIsCancelledAtItsDeadline(t *testing.T) {
-	h := newHarness(t, chainSet(), func(c *Config) { c.ListenerDeadline = 100 * time.Millisecond })
+	h := newHarness(t, chainSet(), func(c *harnessSettings) { c.ListenerDeadline = 100 * time.Millisecond })
 	h.listener.setBehaviour(func(ctx context.Context, _ Message) error {
 		<-ctx.Done()
 		return ctx.Err()
@@ -447,7 +447,7 @@ func TestAbandonedRecordLeavesNoStateAndNoClaim(t *testing.T) {
 // deadline), then the server ends T1 and a waiting duplicate takes over; the hung winner neither
 // writes a second row nor reports success.
 func TestHungListenerLosesItsClaimOnlyAfterItsDeadline(t *testing.T) {
-	h := newHarness(t, chainSet(), func(c *Config) {
+	h := newHarness(t, chainSet(), func(c *harnessSettings) {
 		c.ListenerDeadline, c.LeaseMargin = 300*time.Millisecond, 2*time.Second
 	})
 	deadlineReached, released := make(chan struct{}), make(chan struct{})
@@ -499,7 +499,8 @@ func TestConcurrentCreatorsEndWithOneInstance(t *testing.T) {
 		fns := make([]func() error, creators)
 		for i := range fns {
 			// Engines of their own: no instance cache shared between the creators.
-			e, err := New(h.pool, chainSet(), h.listener, Config{ListenerDeadline: time.Minute, IdleLockTimeout: time.Minute, Clock: h.clock}, nil)
+			e, err := New(h.pool, chainSet(), h.listener, Config{ListenerDeadline: time.Minute, IdleLockTimeout: time.Minute, Clock: h.clock,
+				Maintenance: h.engine.maint}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

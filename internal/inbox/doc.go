@@ -10,10 +10,18 @@
 //   - releaseUnderInstanceLock (T2): releases buffered messages whose condition holds, under a
 //     FOR NO KEY UPDATE lock of the instance row; closes complete instances.
 //   - markReleaseFailedInNewTx: FAILED plus deletion of the claim, in one transaction.
-//   - runActionsUnderInstanceLock: operator actions (CONSUME, EXPIRE, CONSUME_ALL, CLOSE).
+//   - runActionsUnderInstanceLock: operator actions (CONSUME, EXPIRE, CONSUME_ALL, CLOSE); a
+//     message action takes the message's claim behind a savepoint, as T1 does, and writes its
+//     outcome in finishMessageActionInNewTx, committed before the claim.
 //   - housekeeping batches: deleteClosedBatch, markExpiredBatch, deleteExpiredBatch.
 //
-// What the engine expects from the pool it is given:
+// Every state write names the state it expects (PROCESSED is final), and only an action's own
+// execution clears it. Every message row keeps the raw record of its latest delivery
+// (buffered_message), so that CONSUME can deliver it whatever its state. Reads that pick a
+// message pick one row per logical message (lookupMessageSQL, waitingStandsForItsMessage).
+//
+// What the engine expects from the records' pool it is given (housekeeping, actions and metrics
+// reads run on Config.Maintenance, never on it):
 //   - At least two connections per concurrent Process call: T1 (and later T2) holds one, the
 //     state transactions that must commit before T1 use a second one. The consumer bounds its
 //     records in flight to MaxConns/2.

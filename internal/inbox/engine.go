@@ -60,6 +60,13 @@ type Config struct {
 	// SequencingStartTime starts sequencing; before it the engine is in recording mode (every
 	// message delivered at once and stored PROCESSED). Zero: sequencing is active.
 	SequencingStartTime time.Time
+	// Maintenance is the pool of housekeeping, operator actions and the metrics' database reads:
+	// small and bounded, and apart from the records' pool, so that maintenance never takes a
+	// record's connection. Required; MaintenanceConnections is what it needs.
+	Maintenance *pgxpool.Pool
+	// AcquireTimeout bounds every wait for a maintenance connection, so that an action holding
+	// an instance lock never waits for a connection without end. Zero: 10s.
+	AcquireTimeout time.Duration
 	// ExpiringSoonWindow is how far ahead of its retain_until an open instance counts as
 	// "expiring soon" in the metrics. Zero: one hour.
 	ExpiringSoonWindow time.Duration
@@ -71,6 +78,14 @@ type Config struct {
 
 // defaultLeaseMargin is the LeaseMargin of a zero Config.
 const defaultLeaseMargin = 5 * time.Second
+
+// defaultAcquireTimeout is the AcquireTimeout of a zero Config.
+const defaultAcquireTimeout = 10 * time.Second
+
+// MaintenanceConnections is what Config.Maintenance needs: one for housekeeping (which holds its
+// advisory lock on a session), two for an action run (its instance lock and the state writes
+// that commit before it). Other users of the same pool (the consumer's version fence) add theirs.
+const MaintenanceConnections = 3
 
 // instanceCacheSize bounds the instance id cache (about 100 bytes an entry).
 const instanceCacheSize = 10000
@@ -148,13 +163,14 @@ type Failure struct {
 // Engine is the claim engine of one inbox. It is safe for concurrent use; each concurrent
 // Process call holds up to two pool connections.
 type Engine struct {
-	pool     *pgxpool.Pool
-	set      *sequence.Set
-	listener Listener
-	cfg      Config
-	clock    Clock
-	log      logr.Logger
-	metrics  *Metrics
+	// pool serves the records (T1, T2, state writes), maint the maintenance (Config.Maintenance).
+	pool, maint *pgxpool.Pool
+	set         *sequence.Set
+	listener    Listener
+	cfg         Config
+	clock       Clock
+	log         logr.Logger
+	metrics     *Metrics
 	// instances caches instance ids by (sequence, context ID).
 	instances *instanceCache
 	// claimLease is T1's idle_in_transaction_session_timeout, lockLease T2's.
@@ -176,6 +192,13 @@ func New(pool *pgxpool.Pool, set *sequence.Set, l Listener, cfg Config, m *Metri
 		return nil, fmt.Errorf("new engine: idle lock timeout must be positive, got %s", cfg.IdleLockTimeout)
 	case pool.Config().MaxConns < 2:
 		return nil, fmt.Errorf("new engine: the pool needs at least 2 connections, has %d", pool.Config().MaxConns)
+	case cfg.Maintenance == nil:
+		return nil, errors.New("new engine: no maintenance pool")
+	case cfg.Maintenance == pool:
+		return nil, errors.New("new engine: the maintenance pool must not be the records' pool")
+	case cfg.Maintenance.Config().MaxConns < MaintenanceConnections:
+		return nil, fmt.Errorf("new engine: the maintenance pool needs at least %d connections, has %d",
+			MaintenanceConnections, cfg.Maintenance.Config().MaxConns)
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = wallClock{}
@@ -186,6 +209,9 @@ func New(pool *pgxpool.Pool, set *sequence.Set, l Listener, cfg Config, m *Metri
 	if cfg.LeaseMargin <= 0 {
 		cfg.LeaseMargin = defaultLeaseMargin
 	}
+	if cfg.AcquireTimeout <= 0 {
+		cfg.AcquireTimeout = defaultAcquireTimeout
+	}
 	if cfg.ExpiringSoonWindow <= 0 {
 		cfg.ExpiringSoonWindow = time.Hour
 	}
@@ -193,7 +219,7 @@ func New(pool *pgxpool.Pool, set *sequence.Set, l Listener, cfg Config, m *Metri
 		m = NewMetrics()
 	}
 	e := &Engine{
-		pool: pool, set: set, listener: l, cfg: cfg, clock: cfg.Clock, log: cfg.Log, metrics: m,
+		pool: pool, maint: cfg.Maintenance, set: set, listener: l, cfg: cfg, clock: cfg.Clock, log: cfg.Log, metrics: m,
 		instances:  newInstanceCache(instanceCacheSize),
 		claimLease: cfg.ListenerDeadline + cfg.LeaseMargin,
 		lockLease:  max(cfg.IdleLockTimeout, cfg.ListenerDeadline+cfg.LeaseMargin),
@@ -202,7 +228,7 @@ func New(pool *pgxpool.Pool, set *sequence.Set, l Listener, cfg Config, m *Metri
 		e.log.Info("idle lock timeout raised to the listener deadline plus margin, so that a release lock never expires during a listener call",
 			"configured", cfg.IdleLockTimeout, "effective", e.lockLease)
 	}
-	m.state.bind(pool, cfg.Clock, cfg.ExpiringSoonWindow)
+	m.state.bind(cfg.Maintenance, cfg.Clock, cfg.ExpiringSoonWindow)
 	return e, nil
 }
 
@@ -270,6 +296,13 @@ func (e *Engine) deliverUnsequenced(ctx context.Context, msg Message) (Result, e
 	default:
 		return Result{Outcome: Bypassed}, nil
 	}
+}
+
+// acquire takes a connection from pool within the acquire timeout.
+func (e *Engine) acquire(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
+	actx, cancel := context.WithTimeout(ctx, e.cfg.AcquireTimeout)
+	defer cancel()
+	return pool.Acquire(actx)
 }
 
 // invokeListener calls the listener and records latency, failures and consumption.

@@ -59,9 +59,9 @@ func (e *Engine) Housekeep(ctx context.Context, hc HousekeepingConfig, dl DeadLe
 	if dl == nil {
 		return rep, errors.New("housekeeping: no dead-letterer")
 	}
-	conn, err := e.pool.Acquire(ctx)
+	conn, err := e.acquire(ctx, e.maint)
 	if err != nil {
-		return rep, fmt.Errorf("housekeeping: acquire connection: %w", err)
+		return rep, fmt.Errorf("housekeeping: acquire maintenance connection: %w", err)
 	}
 	defer conn.Release()
 	if err := conn.QueryRow(ctx, tryHousekeepingLockSQL, housekeepingLockKey).Scan(&rep.Leader); err != nil {
@@ -143,14 +143,15 @@ const markExpiredSQL = `WITH due AS (
 UPDATE sequence_instance i SET remove_after = i.retain_until + make_interval(secs => $3)
 FROM due WHERE i.id = due.id`
 
-// waitingOfInstancesSQL loads the WAITING messages of instances about to be deleted.
+// waitingOfInstancesSQL loads the WAITING messages of instances about to be deleted, one row per
+// logical message (a historical duplicate of a PROCESSED message is not dead-lettered).
 const waitingOfInstancesSQL = `SELECT i.name, i.context_id, m.message_type, m.idempotence_id, coalesce(m.message_id, ''),
   coalesce(m.topic, ''), coalesce(m.partition, 0), coalesce(m."offset", 0), m.created_at,
   b.key, b.value, coalesce(b.headers, '[]')
 FROM sequenced_message m
 JOIN sequence_instance i ON i.id = m.sequence_instance_id
 LEFT JOIN buffered_message b ON b.sequenced_message_id = m.id
-WHERE m.sequence_instance_id = ANY($1) AND m.state = 'WAITING'
+WHERE m.sequence_instance_id = ANY($1) AND m.state = 'WAITING' AND ` + waitingStandsForItsMessage + `
 ORDER BY m.id`
 
 const deleteInstancesSQL = `DELETE FROM sequence_instance WHERE id = ANY($1)`

@@ -134,7 +134,7 @@ func (c *steppingClock) Now() time.Time {
 func TestHousekeepingStopsBetweenBatchesAtMaxDuration(t *testing.T) {
 	clock := &steppingClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
 	h := newIsolatedHarness(t, sequence.NewSet([]*sequence.Sequence{seqOf("single", mt("A", "", nil))}),
-		func(c *Config) { c.Clock = clock })
+		func(c *harnessSettings) { c.Clock = clock })
 	for i := range 5 {
 		h.process(h.rec("A", string(rune('a'+i)), string(rune('a'+i))))
 	}

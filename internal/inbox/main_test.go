@@ -195,7 +195,18 @@ type harness struct {
 	prefix   string
 }
 
-type harnessOption func(*Config)
+// harnessSettings are the engine's Config and the size of the records' pool.
+type harnessSettings struct {
+	Config
+	recordsConns int32
+}
+
+type harnessOption func(*harnessSettings)
+
+// withRecordsPool sizes the records' pool.
+func withRecordsPool(conns int32) harnessOption {
+	return func(s *harnessSettings) { s.recordsConns = conns }
+}
 
 func newHarness(t *testing.T, set *sequence.Set, opts ...harnessOption) *harness {
 	t.Helper()
@@ -208,16 +219,19 @@ func newHarnessOn(t *testing.T, url string, set *sequence.Set, opts ...harnessOp
 	t.Helper()
 	h := &harness{
 		t:        t,
-		pool:     newPool(t, url, 20),
 		listener: newTestListener(),
 		clock:    newFakeClock(),
 		prefix:   fmt.Sprintf("%s-%d-", regexp.MustCompile(`\W+`).ReplaceAllString(t.Name(), "_"), prefixCounter.Add(1)),
 	}
-	cfg := Config{ListenerDeadline: 30 * time.Second, IdleLockTimeout: 30 * time.Second, Clock: h.clock}
+	s := harnessSettings{Config: Config{ListenerDeadline: 30 * time.Second, IdleLockTimeout: 30 * time.Second, Clock: h.clock}, recordsConns: 20}
 	for _, o := range opts {
-		o(&cfg)
+		o(&s)
 	}
-	e, err := New(h.pool, set, h.listener, cfg, nil)
+	h.pool = newPool(t, url, s.recordsConns)
+	if s.Maintenance == nil {
+		s.Maintenance = newPool(t, url, MaintenanceConnections)
+	}
+	e, err := New(h.pool, set, h.listener, s.Config, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

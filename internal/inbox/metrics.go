@@ -95,10 +95,11 @@ func (m *Metrics) Collectors() []prometheus.Collector {
 }
 
 // stateCollectSQL reads the database-wide gauges at scrape time: WAITING messages by type
-// (served by the (state, message_type) index), open instances expiring within the window, and
+// (served by the (state, message_type) index; one per logical message), open instances expiring within the window, and
 // instances past their retention that wait for removal. Every consumer reports the same values;
 // dashboards take max() over pods, not sum().
-const stateCollectSQL = `SELECT 'waiting', message_type, count(*) FROM sequenced_message WHERE state = 'WAITING' GROUP BY message_type
+const stateCollectSQL = `SELECT 'waiting', message_type, count(*) FROM sequenced_message m
+  WHERE state = 'WAITING' AND ` + waitingStandsForItsMessage + ` GROUP BY message_type
 UNION ALL
 SELECT 'expiring_soon', '', count(*) FROM sequence_instance
   WHERE state = 'OPEN' AND remove_after IS NULL AND retain_until >= $1 AND retain_until < $2

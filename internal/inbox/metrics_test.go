@@ -38,9 +38,10 @@ func TestMetricsReportDatabaseStateAndEngineEvents(t *testing.T) {
 	m := NewMetrics()
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(m.Collectors()...)
-	h := newIsolatedHarness(t, chainSet(), func(c *Config) { c.ExpiringSoonWindow = 2 * time.Hour })
+	h := newIsolatedHarness(t, chainSet(), func(c *harnessSettings) { c.ExpiringSoonWindow = 2 * time.Hour })
 	e, err := New(h.pool, chainSet(), h.listener, Config{
 		ListenerDeadline: time.Minute, IdleLockTimeout: time.Minute, Clock: h.clock, ExpiringSoonWindow: 2 * time.Hour,
+		Maintenance: h.engine.maint,
 	}, m)
 	if err != nil {
 		t.Fatal(err)

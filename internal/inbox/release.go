@@ -25,8 +25,9 @@ FOR NO KEY UPDATE`
 // releasing right now is left to the next run.
 const lockInstanceSkipLockedSQL = lockInstanceSQL + ` SKIP LOCKED`
 
-// closeInstanceSQL closes a complete instance (or one closed by an operator action).
-const closeInstanceSQL = `UPDATE sequence_instance SET state = 'CLOSED', closed_at = now(), pending_action = NULL WHERE id = $1`
+// closeInstanceSQL closes a complete instance (or one closed by an operator action). A pending
+// instance action survives it: only the action's own execution clears it.
+const closeInstanceSQL = `UPDATE sequence_instance SET state = 'CLOSED', closed_at = now() WHERE id = $1 AND state = 'OPEN'`
 
 // loadBufferedSQL reads a stored message with its raw record, if it has one, and how long it has
 // been waiting (measured by the database, like created_at).
@@ -37,34 +38,34 @@ const loadBufferedSQL = `SELECT m.message_type, m.idempotence_id, m.state, coale
 FROM sequenced_message m LEFT JOIN buffered_message b ON b.sequenced_message_id = m.id
 WHERE m.id = $1`
 
-// markReleasedSQL records a released (or consumed) message as PROCESSED and drops its raw record,
-// which is not needed any more. It reports whether the row was still in the expected state.
-const markReleasedSQL = `WITH m AS (
-  UPDATE sequenced_message SET state = 'PROCESSED', state_changed_at = now(), pending_action = NULL
-  WHERE id = $1 AND state = $2
-  RETURNING id
-), d AS (
-  DELETE FROM buffered_message b USING m WHERE b.sequenced_message_id = m.id
-)
-SELECT count(*) FROM m`
+// markReleasedSQL records a released message as PROCESSED. Its raw record stays, so that a
+// CONSUME action can deliver it again; it goes with its instance. The write happens only when
+// the row is still in the expected state ($2).
+const markReleasedSQL = `UPDATE sequenced_message SET state = 'PROCESSED', state_changed_at = now()
+WHERE id = $1 AND state = $2`
 
 // markReleaseFailedSQL sets a message FAILED and deletes its claim in one transaction (SPEC
-// §3.6), so that a resend can claim and retry it. The raw record stays for a CONSUME action.
+// §3.6), so that a resend can claim and retry it; only when the row is still in the expected
+// state ($2). The raw record stays for a CONSUME action.
 const markReleaseFailedSQL = `WITH f AS (
-  UPDATE sequenced_message SET state = 'FAILED', state_changed_at = now(), pending_action = NULL
-  WHERE id = $1
+  UPDATE sequenced_message SET state = 'FAILED', state_changed_at = now()
+  WHERE id = $1 AND state = $2
   RETURNING message_type, idempotence_id
+), c AS (
+  DELETE FROM sequential_inbox_idempotence c USING f
+  WHERE c.message_type = f.message_type AND c.idempotence_id = f.idempotence_id
 )
-DELETE FROM sequential_inbox_idempotence c USING f
-WHERE c.message_type = f.message_type AND c.idempotence_id = f.idempotence_id`
+SELECT count(*) FROM f`
 
 // lockedInstance is an instance row locked FOR NO KEY UPDATE by an open transaction on conn (T2
 // or an action transaction). While it is held, nobody else releases or acts on the instance's
 // messages. Message states are written in separate transactions on stateConn, each committed
 // right after its listener call, so that a lost lock transaction loses no recorded delivery.
 type lockedInstance struct {
-	e         *Engine
-	conn      *pgxpool.Conn
+	e    *Engine
+	conn *pgxpool.Conn
+	// pool gives stateConn: the records' pool for T2, the maintenance pool for actions.
+	pool      *pgxpool.Pool
 	stateConn *pgxpool.Conn
 	id        int64
 	name      string
@@ -86,7 +87,7 @@ type lockedInstance struct {
 // PROCESSED. It also runs for duplicates, so that a crashed winner's buffered successors are
 // released by the next delivery.
 func (e *Engine) releaseUnderInstanceLock(ctx context.Context, conn *pgxpool.Conn, instanceID int64, seq *sequence.Sequence) ([]Message, []Failure, error) {
-	li, err := e.lockInstance(ctx, conn, instanceID, lockInstanceSQL)
+	li, err := e.lockInstance(ctx, conn, e.pool, instanceID, lockInstanceSQL)
 	if err != nil {
 		endQuietly(conn, rollbackSQL)
 		return nil, nil, fmt.Errorf("release instance %d: %w", instanceID, err)
@@ -109,8 +110,8 @@ func (e *Engine) releaseUnderInstanceLock(ctx context.Context, conn *pgxpool.Con
 // lockInstance begins a transaction with the lock lease, locks the instance row and reads its
 // state, in one round trip. It returns nil when the row is gone (or skipped as locked); the
 // transaction is then still open.
-func (e *Engine) lockInstance(ctx context.Context, conn *pgxpool.Conn, instanceID int64, lockSQL string) (*lockedInstance, error) {
-	li := &lockedInstance{e: e, conn: conn, id: instanceID}
+func (e *Engine) lockInstance(ctx context.Context, conn *pgxpool.Conn, pool *pgxpool.Pool, instanceID int64, lockSQL string) (*lockedInstance, error) {
+	li := &lockedInstance{e: e, conn: conn, pool: pool, id: instanceID}
 	b := &pgx.Batch{}
 	b.Queue(beginReadCommittedSQL)
 	b.Queue(setIdleTimeoutSQL, millis(e.lockLease))
@@ -169,7 +170,7 @@ func (li *lockedInstance) releaseReady(ctx context.Context, seq *sequence.Sequen
 			}
 			return nil
 		}
-		if err := li.deliverStored(ctx, w.id, stateWaiting); err != nil {
+		if err := li.deliverStored(ctx, w.id); err != nil {
 			return err
 		}
 		if err := li.readState(ctx); err != nil {
@@ -215,51 +216,78 @@ func (li *lockedInstance) load(ctx context.Context, messageID int64) (storedReco
 	return s, nil
 }
 
-// deliverStored hands a stored message's raw record to the listener and records the outcome in a
-// separate transaction: PROCESSED, or FAILED with its claim deleted (reported in failures).
-// fromState guards the state write against a concurrent change.
-func (li *lockedInstance) deliverStored(ctx context.Context, messageID int64, fromState string) error {
-	s, err := li.load(ctx, messageID)
+// deliverStored hands a WAITING message's raw record to the listener and records the outcome in
+// a separate transaction: PROCESSED, or FAILED with its claim deleted (reported in failures).
+// Both writes happen only when the row is still WAITING.
+func (li *lockedInstance) deliverStored(ctx context.Context, messageID int64) error {
+	d, err := li.deliverRecord(ctx, messageID)
 	if err != nil {
 		return err
+	}
+	s, stateConn, listenerErr := d.stored, d.stateConn, d.listenerErr
+	var n int
+	if listenerErr != nil {
+		if err := stateConn.QueryRow(ctx, markReleaseFailedSQL, messageID, stateWaiting).Scan(&n); err != nil {
+			return fmt.Errorf("mark message %d failed: %w", messageID, err)
+		}
+		li.failures = append(li.failures, Failure{Message: s.msg, Origin: s.msg.Record.Origin, Err: listenerErr})
+	} else {
+		tag, err := stateConn.Exec(ctx, markReleasedSQL, messageID, stateWaiting)
+		if err != nil {
+			return fmt.Errorf("mark message %d processed: %w", messageID, err)
+		}
+		n = int(tag.RowsAffected())
+		li.e.metrics.waitingDelay.WithLabelValues(s.msg.Sequence, s.msg.QualifiedType).Observe(s.waited)
+		li.released = append(li.released, s.msg)
+	}
+	if n == 0 {
+		li.e.log.Info("delivered message changed state during its delivery; its state is left as found", "messageId", messageID,
+			"sequence", li.name, "context", li.contextID, "expected", stateWaiting)
+	}
+	return nil
+}
+
+// errNoStoredRecord is the listener error of a message that has no raw record to deliver (a row
+// written before records were kept for every state).
+var errNoStoredRecord = errors.New("no stored record to deliver")
+
+// delivery is what deliverRecord did: the loaded message, the state connection for the outcome's
+// write (acquired before the listener runs, so that no pool wait lies between the listener's
+// success and the state commit) and the listener's error.
+type delivery struct {
+	stored      storedRecord
+	stateConn   *pgxpool.Conn
+	listenerErr error
+}
+
+// deliverRecord loads a stored message and hands its raw record to the listener within the
+// listener deadline. Its error is for everything but the listener's failure.
+func (li *lockedInstance) deliverRecord(ctx context.Context, messageID int64) (delivery, error) {
+	s, err := li.load(ctx, messageID)
+	if err != nil {
+		return delivery{}, err
 	}
 	lctx, cancel := context.WithDeadline(ctx, li.idleSince.Add(li.e.cfg.ListenerDeadline))
 	defer cancel()
 	stateConn, err := li.acquireStateConn(lctx)
 	if err != nil {
-		return err
+		return delivery{}, err
 	}
-	listenerErr := errors.New("no stored record to deliver")
+	listenerErr := errNoStoredRecord
 	if s.hasRecord {
 		listenerErr = li.e.invokeListener(lctx, s.msg)
 	}
 	if ctx.Err() != nil {
-		return ctx.Err()
+		return delivery{}, ctx.Err()
 	}
-	if listenerErr != nil {
-		if _, err := stateConn.Exec(ctx, markReleaseFailedSQL, messageID); err != nil {
-			return fmt.Errorf("mark message %d failed: %w", messageID, err)
-		}
-		li.failures = append(li.failures, Failure{Message: s.msg, Origin: s.msg.Record.Origin, Err: listenerErr})
-		return nil
-	}
-	var n int
-	if err := stateConn.QueryRow(ctx, markReleasedSQL, messageID, fromState).Scan(&n); err != nil {
-		return fmt.Errorf("mark message %d processed: %w", messageID, err)
-	}
-	if n == 0 {
-		li.e.log.Info("delivered message changed state during its delivery", "messageId", messageID,
-			"sequence", li.name, "context", li.contextID, "expected", fromState)
-	}
-	li.e.metrics.waitingDelay.WithLabelValues(s.msg.Sequence, s.msg.QualifiedType).Observe(s.waited)
-	li.released = append(li.released, s.msg)
-	return nil
+	return delivery{stored: s, stateConn: stateConn, listenerErr: listenerErr}, nil
 }
 
-// acquireStateConn returns the connection for state transactions, acquiring it on first use.
+// acquireStateConn returns the connection for state transactions, acquiring it on first use
+// within the engine's acquire timeout.
 func (li *lockedInstance) acquireStateConn(ctx context.Context) (*pgxpool.Conn, error) {
 	if li.stateConn == nil {
-		c, err := li.e.pool.Acquire(ctx)
+		c, err := li.e.acquire(ctx, li.pool)
 		if err != nil {
 			return nil, fmt.Errorf("acquire state connection: %w", err)
 		}

@@ -1,0 +1,388 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/seqinbox/seqinbox/internal/sequence"
+)
+
+// The tests of this file prove the edges of the engine (issue 11): operator actions take the
+// claim path of a delivery, every state write is guarded by the state it expects, a pending
+// action survives every write but its own execution, maintenance never takes a record's
+// connection, and historical duplicates are delivered at most once.
+
+// rejectType makes the listener fail every message of the qualified type.
+func rejectType(l *testListener, qualified string) {
+	l.setBehaviour(func(_ context.Context, m Message) error {
+		if m.QualifiedType == qualified {
+			return errors.New("rejected by the sink")
+		}
+		return nil
+	})
+}
+
+func (h *harness) request(qualified, idem string, a MessageAction) {
+	h.t.Helper()
+	if err := RequestMessageAction(context.Background(), h.pool, qualified, h.prefix+idem, a); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// runActionsUntilDone runs the pending actions until none of the test's is left (an instance
+// that a release holds right now is left to the next run).
+func (h *harness) runActionsUntilDone(dl DeadLetterer) {
+	h.t.Helper()
+	for range 50 {
+		if _, err := h.engine.RunPendingActions(context.Background(), dl); err != nil {
+			h.t.Fatal(err)
+		}
+		if h.pendingActions() == 0 {
+			return
+		}
+	}
+	h.t.Fatalf("%d actions still pending after 50 runs", h.pendingActions())
+}
+
+func (h *harness) deliveries(qualified, idem string) int {
+	h.listener.mu.Lock()
+	defer h.listener.mu.Unlock()
+	n := 0
+	for _, m := range h.listener.delivered {
+		if m.QualifiedType == qualified && m.Record.IdempotenceID == h.prefix+idem {
+			n++
+		}
+	}
+	return n
+}
+
+func TestFailedConsumeLeavesTheMessageFailedWithoutClaim(t *testing.T) {
+	h := newHarness(t, chainSet())
+	rejectType(h.listener, "A")
+	a := h.rec("A", "a1", "x")
+	if res := h.process(a); res.Outcome != Failed {
+		t.Fatalf("first delivery = %v, want Failed", res.Outcome)
+	}
+	h.request("A", "a1", ActionConsume)
+	h.runActions(1)
+	if s, c := h.states("A", "a1"), h.claims("A", "a1"); !slices.Equal(s, []string{stateFailed}) || c != 0 {
+		t.Fatalf("after a failed CONSUME: rows %v, claims %d; want FAILED without claim, so that a resend can retry it", s, c)
+	}
+	h.listener.setBehaviour(nil)
+	if res := h.process(a); res.Outcome != Delivered {
+		t.Fatalf("resend after a failed CONSUME = %v, want Delivered", res.Outcome)
+	}
+	if s, c := h.states("A", "a1"), h.claims("A", "a1"); !slices.Equal(s, []string{stateProcessed}) || c != 1 {
+		t.Fatalf("after the resend: rows %v, claims %d; want PROCESSED with its claim", s, c)
+	}
+}
+
+// TestExpireRacingAResendNeverUndoesProcessed races the resend of a FAILED message, whose
+// predecessor is missing (so the resend buffers it), against an EXPIRE of the same message.
+// Whichever goes first, the message ends PROCESSED and is never delivered: the buffer write is
+// guarded by the state it expects, and EXPIRE waits for the resend's claim.
+func TestExpireRacingAResendNeverUndoesProcessed(t *testing.T) {
+	h := newHarness(t, chainSet())
+	dl := &recordingDeadLetterer{}
+	const iterations = 150
+	for it := range iterations {
+		idem, ctxID := fmt.Sprintf("b%d", it), fmt.Sprintf("x%d", it)
+		h.insertHistoricalRows("B", idem, ctxID, stateFailed)
+		h.request("B", idem, ActionExpire)
+		resend := h.rec("B", idem, ctxID)
+		errs := raceAll([]func() error{
+			func() error { _, err := h.engine.Process(context.Background(), resend); return err },
+			func() error { _, err := h.engine.RunPendingActions(context.Background(), dl); return err },
+		})
+		for _, err := range errs {
+			if err != nil && !errors.Is(err, errStateChanged) {
+				t.Fatalf("iteration %d: %v", it, err)
+			}
+		}
+		h.runActionsUntilDone(dl)
+		if s := h.states("B", idem); !slices.Equal(s, []string{stateProcessed}) {
+			t.Fatalf("iteration %d: B = %v, want PROCESSED: an EXPIRE is final", it, s)
+		}
+	}
+	if n := h.listener.callCount(); n != 0 {
+		t.Fatalf("listener calls = %d, want 0: an expired message is never delivered", n)
+	}
+}
+
+func TestPendingActionSurvivesAResendThatFailsAgain(t *testing.T) {
+	h := newHarness(t, chainSet())
+	rejectType(h.listener, "A")
+	a := h.rec("A", "a1", "x")
+	h.process(a)
+	h.request("A", "a1", ActionConsume)
+	if res := h.process(a); res.Outcome != Failed {
+		t.Fatalf("resend = %v, want Failed again", res.Outcome)
+	}
+	h.listener.setBehaviour(nil)
+	h.runActions(1)
+	if got := h.deliveries("A", "a1"); got != 1 {
+		t.Fatalf("A delivered %d times, want once by the CONSUME recorded before the resend", got)
+	}
+	if s := h.states("A", "a1"); !slices.Equal(s, []string{stateProcessed}) {
+		t.Fatalf("A = %v, want PROCESSED", s)
+	}
+}
+
+func TestPendingActionSurvivesBufferingAndRelease(t *testing.T) {
+	h := newHarness(t, chainSet())
+	h.insertHistoricalRows("B", "b1", "x", stateFailed)
+	h.request("B", "b1", ActionExpire)
+	if res := h.process(h.rec("B", "b1", "x")); res.Outcome != Buffered {
+		t.Fatalf("resend of B = %v, want Buffered (A missing)", res.Outcome)
+	}
+	if n := h.pendingActions(); n != 1 {
+		t.Fatalf("pending actions after buffering = %d, want 1", n)
+	}
+	h.process(h.rec("A", "a1", "x"))
+	if n := h.pendingActions(); n != 1 {
+		t.Fatalf("pending actions after the release of B = %d, want 1: it is executed by its own run only", n)
+	}
+	h.runActions(1)
+	if n := h.pendingActions(); n != 0 {
+		t.Fatalf("pending actions after the run = %d, want 0", n)
+	}
+}
+
+// blockingDeadLetterer blocks every dead letter until released, like a dead-letter produce
+// waiting for a broker.
+type blockingDeadLetterer struct {
+	entered  chan struct{}
+	released chan struct{}
+	once     sync.Once
+}
+
+func (d *blockingDeadLetterer) DeadLetter(ctx context.Context, _ Message, _ string) error {
+	d.once.Do(func() { close(d.entered) })
+	select {
+	case <-d.released:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestHousekeepingNeverTakesARecordsConnection runs housekeeping whose dead-letter produce hangs
+// while a record is processed on a records pool of two connections (T1 and its state write).
+func TestHousekeepingNeverTakesARecordsConnection(t *testing.T) {
+	h := newIsolatedHarness(t, chainSet(), withRecordsPool(2))
+	h.process(h.rec("B", "b1", "stuck"))
+	hc := HousekeepingConfig{ExpiryDelay: time.Hour, BatchSize: 10, MaxDuration: time.Hour}
+	h.clock.Advance(time.Hour + time.Minute)
+	if rep := h.housekeep(hc, &recordingDeadLetterer{}); rep.MarkedExpired != 1 || rep.DeletedExpired != 0 {
+		t.Fatalf("first run = %+v, want the instance marked for removal", rep)
+	}
+	h.clock.Advance(2 * time.Hour)
+
+	dl := &blockingDeadLetterer{entered: make(chan struct{}), released: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.engine.Housekeep(context.Background(), hc, dl)
+		done <- err
+	}()
+	select {
+	case <-dl.entered:
+	case err := <-done:
+		t.Fatalf("housekeeping ended (%v) without dead-lettering", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	res, err := h.engine.Process(ctx, h.rec("A", "a1", "other"))
+	close(dl.released)
+	if err != nil || res.Outcome != Delivered {
+		t.Fatalf("record processed while housekeeping waits for a dead letter = %v, %v; want Delivered", res.Outcome, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestActionsNeverTakeARecordsConnection holds an instance's release lock, so that the action run
+// waits, while records are processed on a records pool of two connections.
+func TestActionsNeverTakeARecordsConnection(t *testing.T) {
+	h := newHarness(t, chainSet(), withRecordsPool(2))
+	rejectType(h.listener, "A")
+	h.process(h.rec("A", "a1", "x"))
+	h.request("A", "a1", ActionConsume)
+	entered, release := blockFirstCall(t, h.listener, nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.engine.RunPendingActions(context.Background(), &recordingDeadLetterer{})
+		done <- err
+	}()
+	<-entered
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	res, err := h.engine.Process(ctx, h.rec("A", "a2", "other"))
+	release()
+	if err != nil || res.Outcome != Delivered {
+		t.Fatalf("record processed while an action delivers = %v, %v; want Delivered", res.Outcome, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// insertHistoricalMessage stores rows of one logical message in the given states, each WAITING
+// and FAILED row with a raw record, as a database from before the claim table holds them.
+func (h *harness) insertHistoricalMessage(rec Record, states ...string) {
+	h.t.Helper()
+	ctx := context.Background()
+	var instanceID int64
+	err := h.pool.QueryRow(ctx, `INSERT INTO sequence_instance (name, context_id, retain_until)
+VALUES ('chain', $1, now() + interval '1 hour') ON CONFLICT (name, context_id) DO UPDATE SET name = EXCLUDED.name RETURNING id`,
+		rec.ContextID).Scan(&instanceID)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	headers, err := encodeHeaders(rec.Headers)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, s := range states {
+		if _, err := h.pool.Exec(ctx, `WITH m AS (
+  INSERT INTO sequenced_message (sequence_instance_id, message_type, idempotence_id, state)
+  VALUES ($1, $2, $3, $4) RETURNING id)
+INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
+SELECT $1, id, $5, $6, $7 FROM m WHERE $4 <> 'PROCESSED'`, instanceID, rec.Type, rec.IdempotenceID, s, rec.Key, rec.Value, headers); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+}
+
+// TestHistoricalDuplicatesAreDeliveredAtMostOnce stores every combination of two and three
+// historical rows of one logical message B, then processes its predecessor A, a resend of B and
+// a duplicate of A. B is delivered once when no row says PROCESSED, never otherwise.
+func TestHistoricalDuplicatesAreDeliveredAtMostOnce(t *testing.T) {
+	h := newHarness(t, chainSet())
+	all := []string{stateWaiting, stateProcessed, stateFailed}
+	var combos [][]string
+	for _, x := range all {
+		for _, y := range all {
+			combos = append(combos, []string{x, y})
+			for _, z := range all {
+				combos = append(combos, []string{x, y, z})
+			}
+		}
+	}
+	for i, states := range combos {
+		ctxID, idemB := fmt.Sprintf("c%d", i), fmt.Sprintf("b%d", i)
+		b := h.rec("B", idemB, ctxID)
+		h.insertHistoricalMessage(b, states...)
+		a := h.rec("A", fmt.Sprintf("a%d", i), ctxID)
+		h.process(a)
+		h.process(b)
+		h.process(a)
+		want := 1
+		if slices.Contains(states, stateProcessed) {
+			want = 0
+		}
+		if got := h.deliveries("B", idemB); got != want {
+			t.Errorf("historical rows %s: B delivered %d times, want %d", strings.Join(states, ","), got, want)
+		}
+	}
+	if o := h.listener.concurrentCalls(); len(o) != 0 {
+		t.Fatalf("listener ran twice at the same time for %v", o)
+	}
+}
+
+func TestConsumeDeliversAProcessedMessageAgain(t *testing.T) {
+	h := newHarness(t, chainSet())
+	a := h.rec("A", "a1", "x")
+	h.process(a)
+	h.request("A", "a1", ActionConsume)
+	h.runActions(1)
+	if got := h.deliveries("A", "a1"); got != 2 {
+		t.Fatalf("A delivered %d times, want twice: once by its record, once on request", got)
+	}
+	h.listener.mu.Lock()
+	again := h.listener.delivered[1].Record
+	h.listener.mu.Unlock()
+	if string(again.Value) != string(a.Value) || string(again.Key) != string(a.Key) || len(again.Headers) != len(a.Headers) {
+		t.Fatalf("redelivered record %+v, want the original byte for byte", again)
+	}
+	if s, c := h.states("A", "a1"), h.claims("A", "a1"); !slices.Equal(s, []string{stateProcessed}) || c != 1 {
+		t.Fatalf("A rows %v, claims %d; want PROCESSED with its claim", s, c)
+	}
+}
+
+func TestConsumeDeliversAMessageWhoseFirstDeliveryFailed(t *testing.T) {
+	h := newHarness(t, chainSet())
+	rejectType(h.listener, "A")
+	a := h.rec("A", "a1", "x")
+	h.process(a)
+	h.process(h.rec("B", "b1", "x"))
+	h.listener.setBehaviour(nil)
+	h.request("A", "a1", ActionConsume)
+	h.runActions(1)
+	if got := h.listener.deliveredTypes(h.ctxID("x")); !slices.Equal(got, []string{"A", "B"}) {
+		t.Fatalf("delivered %v, want A (consumed from its stored record) then B (released)", got)
+	}
+	h.listener.mu.Lock()
+	got := h.listener.delivered[0].Record
+	h.listener.mu.Unlock()
+	if string(got.Value) != string(a.Value) || got.Origin != a.Origin {
+		t.Fatalf("consumed record %+v, want the record of A's failed delivery", got)
+	}
+	if s, c := h.states("A", "a1"), h.claims("A", "a1"); !slices.Equal(s, []string{stateProcessed}) || c != 1 {
+		t.Fatalf("A rows %v, claims %d; want PROCESSED with its claim", s, c)
+	}
+}
+
+func TestExpireOfAProcessedMessageChangesNothing(t *testing.T) {
+	h := newHarness(t, chainSet())
+	h.process(h.rec("A", "a1", "x"))
+	h.request("A", "a1", ActionExpire)
+	h.runActions(1)
+	if s, n := h.states("A", "a1"), h.listener.callCount(); !slices.Equal(s, []string{stateProcessed}) || n != 1 {
+		t.Fatalf("A rows %v after %d listener calls; want PROCESSED, delivered once", s, n)
+	}
+}
+
+// TestConsumeRacingAResendDeliversOnce races a CONSUME of a FAILED message against its resend:
+// both take the claim, so the listener never runs twice at once for it, and exactly one of them
+// delivers it.
+func TestConsumeRacingAResendDeliversOnce(t *testing.T) {
+	h := newHarness(t, sequence.NewSet([]*sequence.Sequence{seqOf("single", mt("A", "", nil))}))
+	const iterations = 60
+	for it := range iterations {
+		idem, ctxID := fmt.Sprintf("a%d", it), fmt.Sprintf("x%d", it)
+		rec := h.rec("A", idem, ctxID)
+		rejectType(h.listener, "A")
+		h.process(rec)
+		h.request("A", idem, ActionConsume)
+		h.listener.setBehaviour(nil)
+		errs := raceAll([]func() error{
+			func() error { _, err := h.engine.Process(context.Background(), rec); return err },
+			func() error {
+				_, err := h.engine.RunPendingActions(context.Background(), &recordingDeadLetterer{})
+				return err
+			},
+		})
+		for _, err := range errs {
+			if err != nil {
+				t.Fatalf("iteration %d: %v", it, err)
+			}
+		}
+		h.runActionsUntilDone(&recordingDeadLetterer{})
+		if s, c := h.states("A", idem), h.claims("A", idem); !slices.Equal(s, []string{stateProcessed}) || c != 1 {
+			t.Fatalf("iteration %d: rows %v, claims %d; want PROCESSED with its claim", it, s, c)
+		}
+		if got := h.deliveries("A", idem); got < 1 || got > 2 {
+			t.Fatalf("iteration %d: A delivered %d times; want once by the resend or the CONSUME, twice only when CONSUME ran on the PROCESSED message", it, got)
+		}
+	}
+	if o := h.listener.concurrentCalls(); len(o) != 0 {
+		t.Fatalf("listener ran twice at the same time for %v", o)
+	}
+}
