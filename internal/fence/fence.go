@@ -282,7 +282,10 @@ func (f *Fence) Run(ctx context.Context, onChange func(ready bool, reason string
 
 	var lastBeat time.Time
 	for {
-		ready, reason := f.check(ctx, &lastBeat)
+		// Every statement of a pass, and its wait for a connection, ends within the interval.
+		cctx, cancel := context.WithTimeout(ctx, f.interval)
+		ready, reason := f.check(cctx, &lastBeat)
+		cancel()
 		if ctx.Err() != nil {
 			return nil
 		}

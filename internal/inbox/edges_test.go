@@ -211,16 +211,19 @@ func TestHousekeepingNeverTakesARecordsConnection(t *testing.T) {
 // waits, while records are processed on a records pool of two connections.
 func TestActionsNeverTakeARecordsConnection(t *testing.T) {
 	h := newHarness(t, chainSet(), withRecordsPool(2))
-	rejectType(h.listener, "A")
-	h.process(h.rec("A", "a1", "x"))
-	h.request("A", "a1", ActionConsume)
+	h.process(h.rec("B", "b1", "x"))
+	h.request("B", "b1", ActionConsume)
 	entered, release := blockFirstCall(t, h.listener, nil)
 	done := make(chan error, 1)
 	go func() {
 		_, err := h.engine.RunPendingActions(context.Background(), &recordingDeadLetterer{})
 		done <- err
 	}()
-	<-entered
+	select {
+	case <-entered:
+	case err := <-done:
+		t.Fatalf("action run ended (%v) without delivering", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	res, err := h.engine.Process(ctx, h.rec("A", "a2", "other"))
@@ -384,5 +387,28 @@ func TestConsumeRacingAResendDeliversOnce(t *testing.T) {
 	}
 	if o := h.listener.concurrentCalls(); len(o) != 0 {
 		t.Fatalf("listener ran twice at the same time for %v", o)
+	}
+}
+
+// TestMaintenanceWaitsForAConnectionNoLongerThanItsAcquireTimeout exhausts the maintenance pool:
+// an action run and a housekeeping run give up with an error instead of waiting without end.
+func TestMaintenanceWaitsForAConnectionNoLongerThanItsAcquireTimeout(t *testing.T) {
+	h := newHarness(t, chainSet(), func(s *harnessSettings) { s.AcquireTimeout = 200 * time.Millisecond })
+	for range MaintenanceConnections {
+		c, err := h.engine.maint.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Release()
+	}
+	if _, err := h.engine.RunPendingActions(context.Background(), &recordingDeadLetterer{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("action run on an exhausted maintenance pool = %v, want its acquire deadline exceeded", err)
+	}
+	hc := HousekeepingConfig{ExpiryDelay: time.Minute, BatchSize: 10, MaxDuration: time.Minute}
+	if _, err := h.engine.Housekeep(context.Background(), hc, &recordingDeadLetterer{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("housekeeping on an exhausted maintenance pool = %v, want its acquire deadline exceeded", err)
+	}
+	if res := h.process(h.rec("A", "a1", "x")); res.Outcome != Delivered {
+		t.Fatalf("record processed while the maintenance pool is exhausted = %v, want Delivered", res.Outcome)
 	}
 }
