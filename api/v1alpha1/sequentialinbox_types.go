@@ -213,8 +213,9 @@ type DatabaseSpec struct {
 	// +kubebuilder:validation:Maximum=1000
 	PoolSize int32 `json:"poolSize,omitempty"`
 
-	// ConnectionBudget is the number of connections the database grants this inbox in total;
-	// (poolSize + 4) × replicas, plus the migration Job's one, must fit into it.
+	// ConnectionBudget is the number of connections the database grants this inbox in total.
+	// One consumer (poolSize + 4 maintenance connections) plus the migration Job's one must fit
+	// into it; the operator runs only as many replicas as fit.
 	// +optional
 	// +kubebuilder:validation:Minimum=2
 	ConnectionBudget *int32 `json:"connectionBudget,omitempty"`
