@@ -11,6 +11,7 @@ TOOL := go tool -modfile=hack/tools/go.mod
 CONTROLLER_GEN := $(TOOL) controller-gen
 GOLANGCI_LINT := $(TOOL) golangci-lint
 KUSTOMIZE := $(TOOL) kustomize
+CRD_REF_DOCS := $(TOOL) crd-ref-docs
 
 # Test flags: every package under -race; a generous timeout for the first envtest build.
 GOTEST_FLAGS ?= -race -count=1 -timeout 30m
@@ -36,6 +37,10 @@ manifests: ## Generate the CRD and RBAC manifests from the API types and markers
 .PHONY: generate
 generate: ## Generate the DeepCopy methods of the API types.
 	$(CONTROLLER_GEN) object:headerFile="hack/boilerplate.go.txt" paths="./api/..."
+
+.PHONY: docs
+docs: ## Generate the configuration reference docs/reference.md from the API types (crd-ref-docs, pinned in hack/tools).
+	$(CRD_REF_DOCS) --source-path=./api --config=hack/crd-ref-docs/config.yaml --renderer=markdown --output-path=docs/reference.md --log-level=ERROR
 
 .PHONY: fmt
 fmt: ## Format the code.

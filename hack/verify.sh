@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# Fails when a generated file (CRDs, RBAC, DeepCopy) is stale or Go code is unformatted:
+# Fails when a generated file (CRDs, RBAC, DeepCopy, the configuration reference) is stale or Go code is unformatted:
 # regenerates into the work tree and compares with what was there before.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-generated=(config/crd/bases config/rbac api/v1alpha1/zz_generated.deepcopy.go)
+generated=(config/crd/bases config/rbac api/v1alpha1/zz_generated.deepcopy.go docs/reference.md)
 before=$(mktemp -d)
 trap 'rm -rf "$before"' EXIT
 for p in "${generated[@]}"; do
   [ -e "$p" ] && mkdir -p "$before/$(dirname "$p")" && cp -r "$p" "$before/$p"
 done
 
-make --no-print-directory manifests generate >/dev/null
+make --no-print-directory manifests generate docs >/dev/null
 
 stale=0
 for p in "${generated[@]}"; do
   [ -e "$p" ] || [ -e "$before/$p" ] || continue
   if ! diff -r "$before/$p" "$p" >/dev/null 2>&1; then
-    echo "verify: $p is stale; run 'make manifests generate' and commit the result:" >&2
+    echo "verify: $p is stale; run 'make manifests generate docs' and commit the result:" >&2
     diff -ru "$before/$p" "$p" >&2 || true
     stale=1
   fi

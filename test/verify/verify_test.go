@@ -79,3 +79,28 @@ func TestVerifyPassesOnCurrentTreeAndFailsOnStaleCRD(t *testing.T) {
 		t.Errorf("verify output does not name the stale CRD directory:\n%s", out)
 	}
 }
+
+func TestVerifyFailsOnAStaleConfigurationReference(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	copyTree(t, root, dir)
+	reference := filepath.Join(dir, "docs", "reference.md")
+	data, err := os.ReadFile(reference)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := strings.Replace(string(data), "| `poolSize` _integer_ |", "| `poolSize` _string_ |", 1)
+	if stale == string(data) {
+		t.Fatal("docs/reference.md has no poolSize row to make stale")
+	}
+	if err := os.WriteFile(reference, []byte(stale), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runVerify(t, dir)
+	if err == nil || !strings.Contains(out, "docs/reference.md is stale") {
+		t.Fatalf("verify with a stale docs/reference.md: %v\n%s\nwant a failure naming docs/reference.md", err, out)
+	}
+}

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/testenv"
+)
+
+// docCommand is one command line of a ```sh block of the documentation.
+type docCommand struct {
+	where string // file:line
+	words []string
+}
+
+// docCommands returns the command lines of the ```sh blocks of the README and of docs/*.md, with
+// continuation lines joined, comments and leading environment assignments removed.
+func docCommands(t *testing.T) []docCommand {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmds []docCommand
+	for _, page := range append([]string{filepath.Join(root, "README.md")}, pages...) {
+		f, err := os.Open(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, page)
+		sc := bufio.NewScanner(f)
+		inSh, pending, start := false, "", 0
+		for n := 1; sc.Scan(); n++ {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "```sh"):
+				inSh = true
+				continue
+			case strings.HasPrefix(line, "```"):
+				inSh = false
+				continue
+			case !inSh:
+				continue
+			}
+			if pending == "" {
+				start = n
+			}
+			if before, ok := strings.CutSuffix(line, "\\"); ok {
+				pending += before + " "
+				continue
+			}
+			line, _, _ = strings.Cut(pending+line, " #")
+			pending = ""
+			words := strings.Fields(line)
+			for len(words) > 0 && regexp.MustCompile(`^[A-Z_]+=`).MatchString(words[0]) {
+				words = words[1:]
+			}
+			if len(words) > 0 && !strings.HasPrefix(words[0], "#") {
+				cmds = append(cmds, docCommand{where: rel + ":" + strconv.Itoa(start), words: words})
+			}
+		}
+		_ = f.Close()
+	}
+	return cmds
+}
+
+// TestEveryCommandOfTheDocsIsAccepted checks each command line the README and docs/ show: a
+// `seqinbox` line must be accepted by this build's command tree exactly as written (command,
+// flags, flag values, arguments), a `make` line must name a target of the Makefile, and a
+// `kubectl` line may only name the resources, conditions and annotation of this API.
+func TestEveryCommandOfTheDocsIsAccepted(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	makefile, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resources := crdNames(t, root)
+	cmds := docCommands(t)
+	if len(cmds) < 10 {
+		t.Fatalf("found %d command lines in the docs; the parser no longer reads them", len(cmds))
+	}
+	for _, c := range cmds {
+		switch c.words[0] {
+		case "seqinbox":
+			if err := acceptedBySeqinbox(c.words[1:]); err != nil {
+				t.Errorf("%s: %s: %v", c.where, strings.Join(c.words, " "), err)
+			}
+		case "make":
+			for _, target := range c.words[1:] {
+				if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(target) + `:`).Match(makefile) {
+					t.Errorf("%s: make %s: the Makefile has no such target", c.where, target)
+				}
+			}
+		case "kubectl":
+			checkKubectl(t, c, resources)
+		default:
+			t.Errorf("%s: %q: no test checks this command; show it outside a ```sh block or teach this test", c.where, strings.Join(c.words, " "))
+		}
+	}
+}
+
+// acceptedBySeqinbox parses args with the command tree as cobra does before running a command.
+func acceptedBySeqinbox(args []string) error {
+	root := newRootCommand()
+	root.InitDefaultCompletionCmd()
+	cmd, rest, err := root.Find(args)
+	if err != nil {
+		return err
+	}
+	if !cmd.Runnable() || cmd.HasSubCommands() && cmd.Args == nil {
+		return errUnrunnable
+	}
+	if err := cmd.ParseFlags(rest); err != nil {
+		return err
+	}
+	if err := cmd.ValidateArgs(cmd.Flags().Args()); err != nil {
+		return err
+	}
+	return cmd.ValidateRequiredFlags()
+}
+
+var errUnrunnable = usageErrorf("names a command that only groups others")
+
+// crdNames returns every name a kubectl command may use for our resources (plural, singular, short).
+func crdNames(t *testing.T, root string) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(root, "config", "crd", "bases", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no CRDs in config/crd/bases (%v)", err)
+	}
+	var names []string
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var crd struct {
+			Spec struct {
+				Names struct {
+					Plural, Singular string
+					ShortNames       []string `json:"shortNames"`
+				}
+			}
+		}
+		if err := yaml.Unmarshal(data, &crd); err != nil {
+			t.Fatal(err)
+		}
+		n := crd.Spec.Names
+		names = append(names, append(n.ShortNames, n.Plural, n.Singular)...)
+	}
+	return names
+}
+
+// checkKubectl accepts `kubectl get|describe|wait|annotate` on our resources with our conditions
+// and our approval annotation.
+func checkKubectl(t *testing.T, c docCommand, resources []string) {
+	t.Helper()
+	if len(c.words) < 3 || !slices.Contains([]string{"get", "describe", "wait", "annotate"}, c.words[1]) {
+		t.Errorf("%s: %s: only kubectl get, describe, wait and annotate are checked", c.where, strings.Join(c.words, " "))
+		return
+	}
+	conditions := []string{v1alpha1.ConditionReady, v1alpha1.ConditionConfigValid, v1alpha1.ConditionSchemaReady,
+		v1alpha1.ConditionRolloutBlocked, v1alpha1.ConditionProgressing, v1alpha1.ConditionDegraded, v1alpha1.ConditionScalingLimited}
+	var resource string
+	for _, w := range c.words[2:] {
+		if !strings.HasPrefix(w, "-") {
+			resource, _, _ = strings.Cut(w, "/")
+			break
+		}
+	}
+	if !slices.Contains(resources, resource) {
+		t.Errorf("%s: %s: %q is not a resource of this API (%v)", c.where, strings.Join(c.words, " "), resource, resources)
+	}
+	for _, w := range c.words[3:] {
+		if cond, ok := strings.CutPrefix(w, "--for=condition="); ok && !slices.Contains(conditions, cond) {
+			t.Errorf("%s: waits for condition %s, which the API does not define", c.where, cond)
+		}
+		if key, _, ok := strings.Cut(w, "="); ok && strings.HasPrefix(key, "inbox.seqinbox.dev/") && key != v1alpha1.ApproveRolloutAnnotation {
+			t.Errorf("%s: annotation %s is not %s", c.where, key, v1alpha1.ApproveRolloutAnnotation)
+		}
+	}
+}

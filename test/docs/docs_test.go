@@ -1,0 +1,182 @@
+// Package docs_test keeps the documentation in step with the code: every metric, dead-letter
+// header and reason, and condition reason the code defines is documented (and nothing else), the
+// README's schema version is the build's, and every link stays inside the repository.
+package docs_test
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/seqinbox/seqinbox/internal/testenv"
+	"github.com/seqinbox/seqinbox/migrations"
+)
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// sourceMatches returns the first group of every match of re in the non-test Go files under dirs
+// (relative to the repository root), sorted and without duplicates.
+func sourceMatches(t *testing.T, re *regexp.Regexp, dirs ...string) []string {
+	t.Helper()
+	root := repoRoot(t)
+	var found []string
+	for _, dir := range dirs {
+		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			for _, m := range re.FindAllStringSubmatch(readFile(t, path), -1) {
+				found = append(found, m[1])
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(found)
+	return slices.Compact(found)
+}
+
+// tableNames returns the backticked names that start the rows of the Markdown tables of a page.
+func tableNames(page string) []string {
+	var names []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `([^`]+)` \\|").FindAllStringSubmatch(page, -1) {
+		names = append(names, m[1])
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
+// compare reports names of the code missing from the page and names of the page the code lacks.
+func compare(t *testing.T, page string, code, documented []string) {
+	t.Helper()
+	if len(code) == 0 {
+		t.Fatalf("found no names in the code for %s: the test's pattern no longer matches the code", page)
+	}
+	for _, name := range code {
+		if !slices.Contains(documented, name) {
+			t.Errorf("%s does not document %s", page, name)
+		}
+	}
+	for _, name := range documented {
+		if !slices.Contains(code, name) {
+			t.Errorf("%s documents %s, which the code does not define", page, name)
+		}
+	}
+}
+
+func TestMetricsReferenceNamesEveryMetric(t *testing.T) {
+	code := sourceMatches(t, regexp.MustCompile(`(?:Name:\s*|NewDesc\()"(seqinbox_[a-z_]+)"`), "internal")
+	page := readFile(t, filepath.Join(repoRoot(t), "docs", "metrics.md"))
+	compare(t, "docs/metrics.md", code, tableNames(page))
+}
+
+func TestDeadLetterReferenceNamesEveryHeaderAndReason(t *testing.T) {
+	root := repoRoot(t)
+	page := readFile(t, filepath.Join(root, "docs", "dead-letters.md"))
+	documented := tableNames(page)
+
+	prefix := regexp.MustCompile(`HeaderPrefix\s*=\s*"([a-z-]+)"`).FindStringSubmatch(readFile(t, filepath.Join(root, "internal", "deadletter", "deadletter.go")))
+	if prefix == nil {
+		t.Fatal("internal/deadletter defines no HeaderPrefix")
+	}
+	var code []string
+	for _, h := range sourceMatches(t, regexp.MustCompile(`Header\w+\s*=\s*HeaderPrefix \+ "([a-z-]+)"`), "internal/deadletter") {
+		code = append(code, prefix[1]+h)
+	}
+	code = append(code, sourceMatches(t, regexp.MustCompile(`(?m)^\s*Reason\w+\s*=\s*"([A-Za-z]+)"`), "internal/deadletter")...)
+	code = append(code, sourceMatches(t, regexp.MustCompile(`(?m)^\s*Class\w+\s*=\s*"([A-Za-z]+)"`), "internal/decode")...)
+	slices.Sort(code)
+	compare(t, "docs/dead-letters.md", code, documented)
+}
+
+func TestTroubleshootingNamesEveryConditionAndReason(t *testing.T) {
+	code := sourceMatches(t, regexp.MustCompile(`(?m)^\s*(?:const\s+)?(?:[Rr]eason|Condition)\w*\s*=\s*"([A-Z][A-Za-z]+)"`), "api", "internal/controller")
+	page := readFile(t, filepath.Join(repoRoot(t), "docs", "troubleshooting.md"))
+	compare(t, "docs/troubleshooting.md", code, tableNames(page))
+}
+
+func TestReadmeShowsTheSchemaVersionOfThisBuild(t *testing.T) {
+	readme := readFile(t, filepath.Join(repoRoot(t), "README.md"))
+	versions := regexp.MustCompile(`schema version (\d+)`).FindAllStringSubmatch(readme, -1)
+	if len(versions) == 0 {
+		t.Fatal("README.md shows no schema version")
+	}
+	for _, v := range versions {
+		if v[1] != strconv.Itoa(migrations.Latest()) {
+			t.Errorf("README.md says %q; this build migrates to schema version %d", v[0], migrations.Latest())
+		}
+	}
+}
+
+// markdownFiles are the README and every page under docs/.
+func markdownFiles(t *testing.T) []string {
+	t.Helper()
+	root := repoRoot(t)
+	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]string{filepath.Join(root, "README.md")}, pages...)
+}
+
+func TestEveryLinkStaysInsideTheRepositoryAndResolves(t *testing.T) {
+	root := repoRoot(t)
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	for _, file := range markdownFiles(t) {
+		for _, m := range link.FindAllStringSubmatch(readFile(t, file), -1) {
+			target, _, _ := strings.Cut(m[1], "#")
+			if target == "" {
+				continue
+			}
+			rel, _ := filepath.Rel(root, file)
+			// The generated reference links the Kubernetes types it embeds (ObjectMeta, Duration)
+			// to their upstream API reference; every other page stays inside the repository.
+			if rel == filepath.Join("docs", "reference.md") && strings.HasPrefix(target, "https://kubernetes.io/docs/reference/") {
+				continue
+			}
+			if strings.Contains(target, "://") {
+				t.Errorf("%s links outside the repository: %s", rel, m[1])
+				continue
+			}
+			path := filepath.Join(filepath.Dir(file), target)
+			if inside, err := filepath.Rel(root, path); err != nil || strings.HasPrefix(inside, "..") {
+				t.Errorf("%s links outside the repository: %s", rel, m[1])
+			} else if _, err := os.Stat(path); err != nil {
+				t.Errorf("%s links to %s, which does not exist", rel, m[1])
+			}
+		}
+	}
+}
+
+func TestTheDocsIndexLinksEveryPage(t *testing.T) {
+	root := repoRoot(t)
+	index := readFile(t, filepath.Join(root, "docs", "README.md"))
+	for _, page := range markdownFiles(t)[1:] {
+		name := filepath.Base(page)
+		if name != "README.md" && !strings.Contains(index, "]("+name+")") {
+			t.Errorf("docs/README.md does not link docs/%s", name)
+		}
+	}
+}
