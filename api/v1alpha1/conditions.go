@@ -1,7 +1,7 @@
 package v1alpha1
 
-// Condition types of SequentialInbox.status.conditions, shared by the operator, the kubectl plugin
-// and anyone who waits on them (`kubectl wait --for=condition=Ready sqi/orders`).
+// Condition types of SequentialInbox.status.conditions, set by the operator and read by anyone who
+// waits on them (`kubectl wait --for=condition=Ready sqi/orders`) or alerts on their reasons.
 const (
 	// ConditionReady summarises the others: the configuration is valid, the schema is migrated,
 	// no rollout is blocked and the consumer Deployment is available.
