@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
-	"github.com/seqinbox/seqinbox/internal/controller/clustersim"
+	"github.com/seqinbox/seqinbox/internal/testenv/clustersim"
 )
 
 // consumeAction is a Consume of OrderPaid/order-42-paid on the inbox.

@@ -27,8 +27,8 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
-	"github.com/seqinbox/seqinbox/internal/controller/clustersim"
 	"github.com/seqinbox/seqinbox/internal/testenv"
+	"github.com/seqinbox/seqinbox/internal/testenv/clustersim"
 	"github.com/seqinbox/seqinbox/migrations"
 )
 

@@ -38,9 +38,9 @@ import (
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/controller"
-	"github.com/seqinbox/seqinbox/internal/controller/clustersim"
 	"github.com/seqinbox/seqinbox/internal/inbox"
 	"github.com/seqinbox/seqinbox/internal/testenv"
+	"github.com/seqinbox/seqinbox/internal/testenv/clustersim"
 	"github.com/seqinbox/seqinbox/migrations"
 )
 
