@@ -99,6 +99,9 @@ func printRetryReport(w io.Writer, opts deadletter.RetryOptions, rep deadletter.
 	if rep.Skipped > 0 {
 		fmt.Fprintf(&b, "passed over %d dead letter(s) of other reasons\n", rep.Skipped)
 	}
+	if rep.Incomplete > 0 {
+		fmt.Fprintf(&b, "passed over %d letter(s) stored without their payload (%s); re-publish them from the original topic, partition and offset they name\n", rep.Incomplete, deadletter.HeaderOmitted)
+	}
 	if rep.Unroutable > 0 {
 		fmt.Fprintf(&b, "passed over %d record(s) without %s header\n", rep.Unroutable, deadletter.HeaderOriginalTopic)
 	}

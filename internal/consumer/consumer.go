@@ -203,7 +203,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	stopKillWatch := context.AfterFunc(c.work, func() { pool.Close(); maintenance.Close() })
 	defer stopKillWatch()
 
-	producer, err := kgo.NewClient(c.connOpts...)
+	producer, err := kgo.NewClient(append(c.connOpts[:len(c.connOpts):len(c.connOpts)], deadletter.ProducerLimit())...)
 	if err != nil {
 		return fmt.Errorf("consumer: dead-letter producer: %w", err)
 	}

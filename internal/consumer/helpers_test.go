@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -339,10 +340,36 @@ func event(partition int32, typ, id, orderID string, extra ...kgo.RecordHeader) 
 	}
 }
 
+// largeRecordBytes is the largest record the tests produce (allowLargeRecords).
+const largeRecordBytes = 8 << 20
+
+// allowLargeRecords raises a topic's max.message.bytes to largeRecordBytes.
+func allowLargeRecords(t testing.TB, seeds []string, topic string) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	limit := strconv.Itoa(largeRecordBytes)
+	resp, err := kadm.NewClient(cl).AlterTopicConfigs(context.Background(),
+		[]kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &limit}}, topic)
+	if err == nil {
+		var r kadm.AlterConfigsResponse
+		if r, err = resp.On(topic, nil); err == nil {
+			err = r.Err
+		}
+	}
+	if err != nil {
+		t.Fatalf("raise max.message.bytes of %s: %v", topic, err)
+	}
+}
+
 // produce writes records to the partitions they name.
 func produce(t testing.TB, seeds []string, records ...*kgo.Record) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerBatchMaxBytes(largeRecordBytes+1<<20))
 	if err != nil {
 		t.Fatal(err)
 	}

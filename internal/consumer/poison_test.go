@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -35,7 +36,16 @@ func poisonCases() []poisonCase {
 		{"10 KB ce_id", event(3, "OrderCreated", long, "pz-o3"), decode.ClassInvalidID, "at most 1024 bytes"},
 		{"traceparent with NUL", event(4, "OrderPaid", "pz-bad-4", "pz-o4", kgo.RecordHeader{Key: "traceparent", Value: []byte("00-\x00")}), decode.ClassInvalidHeader, "NUL"},
 		{"sink slower than the record deadline", event(5, "OrderCreated", "pz-slow", "pz-o5"), deadletter.ReasonListenerDeadlineExceeded, "spec.kafka.maxPollIntervalMs"},
+		{"5 MB non-JSON payload", bigNonJSON(6), decode.ClassInvalidJSON, "not JSON"},
 	}
+}
+
+// bigNonJSON is an OrderCreated record of 5 MB whose payload is not JSON: larger than the
+// dead-letter topic takes (kfake's default max.message.bytes, 1 MB, as Kafka's).
+func bigNonJSON(partition int32) *kgo.Record {
+	r := event(partition, "OrderCreated", "pz-big", "")
+	r.Value = bytes.Repeat([]byte("not json "), 5<<20/9)
+	return r
 }
 
 // TestEveryPoisonRecordIsDeadLetteredAndTheRecordBehindItDelivered puts each kind of record
@@ -62,12 +72,17 @@ func TestEveryPoisonRecordIsDeadLetteredAndTheRecordBehindItDelivered(t *testing
 	for i, c := range cases {
 		records = append(records, c.bad, event(int32(i), "OrderCreated", fmt.Sprintf("pz-good-%d", i), fmt.Sprintf("pz-good-o%d", i)))
 	}
+	allowLargeRecords(t, seeds, "orders")
 	produce(t, seeds, records...)
 	waitUntil(t, "every record was processed", func() bool { return r.events.count("") == 2*len(cases) })
 
 	letters := map[int32]deadletter.Letter{}
 	for _, rec := range readTopic(t, seeds, "orders.dlq") {
 		l := deadletter.Read(rec)
+		if wantOmitted := l.Origin.Partition == 6; wantOmitted != (l.Omitted == "value") || wantOmitted && len(rec.Value) != 0 {
+			t.Errorf("dead letter of partition %d: %d bytes of value, omitted %q; only the 5 MB letter leaves its value out",
+				l.Origin.Partition, len(rec.Value), l.Omitted)
+		}
 		if _, dup := letters[l.Origin.Partition]; dup {
 			t.Errorf("a second dead letter from partition %d: %+v", l.Origin.Partition, l)
 		}

@@ -5,12 +5,15 @@ package deadletter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/seqinbox/seqinbox/internal/inbox"
@@ -28,6 +31,12 @@ const (
 	HeaderSequence          = HeaderPrefix + "sequence"
 	HeaderContextID         = HeaderPrefix + "context-id"
 	HeaderFailedAt          = HeaderPrefix + "failed-at"
+	// HeaderOmitted lists what of the original record a letter too large for the dead-letter
+	// topic left out: "value", or "value,key,headers". The original stays at original-topic,
+	// -partition and -offset for as long as that topic retains it.
+	HeaderOmitted = HeaderPrefix + "omitted"
+	// HeaderOriginalValueBytes is the size of the omitted value.
+	HeaderOriginalValueBytes = HeaderPrefix + "original-value-bytes"
 )
 
 // Reasons besides the decode error classes (decode.Class*), which are reasons as they are.
@@ -60,6 +69,8 @@ type Letter struct {
 	Reason, Message string
 	// Sequence and ContextID are set when known.
 	Sequence, ContextID string
+	// Omitted is what a stored letter left out (HeaderOmitted); empty when it is whole.
+	Omitted string
 }
 
 // FromRecord builds the letter of a decoded (or buffered) record.
@@ -101,6 +112,9 @@ type Publisher struct {
 	topic   string
 	clock   Clock
 	metrics *Metrics
+	// maxBytes is the topic's max.message.bytes once read (0 before), readAt when (Unix
+	// nanoseconds); see limit.
+	maxBytes, readAt atomic.Int64
 }
 
 // NewPublisher publishes to topic through client (which may be the consumer's own client).
@@ -118,14 +132,26 @@ func NewPublisher(client *kgo.Client, topic string, clock Clock, m *Metrics) *Pu
 // Topic is where letters go.
 func (p *Publisher) Topic() string { return p.topic }
 
-// Publish produces one letter and waits until the broker acknowledged it. An error means the
-// letter is not stored: the caller must not commit the original record's offset.
+// Publish produces one letter and waits until the broker acknowledged it. A letter larger than
+// the topic takes is stored without its value (or without value, key and headers), with headers
+// saying so (HeaderOmitted). An error means the letter is not stored: the caller must not commit
+// the original record's offset.
 func (p *Publisher) Publish(ctx context.Context, l Letter) error {
-	rec := p.Record(l)
-	if err := p.client.ProduceSync(ctx, rec).FirstErr(); err != nil {
+	rec := fit(p.Record(l), p.limit(ctx))
+	err := p.client.ProduceSync(ctx, rec).FirstErr()
+	if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) {
+		// The limit changed, or it could not be read: leave out all that may be left out.
+		p.maxBytes.Store(0)
+		rec = omit(p.Record(l), true)
+		err = p.client.ProduceSync(ctx, rec).FirstErr()
+	}
+	if err != nil {
 		return fmt.Errorf("dead-letter %s/%d@%d (%s) to %s: %w", l.Origin.Topic, l.Origin.Partition, l.Origin.Offset, l.Reason, p.topic, err)
 	}
 	p.metrics.letters.WithLabelValues(l.Reason).Inc()
+	if hasHeader(rec, HeaderOmitted) {
+		p.metrics.omitted.Inc()
+	}
 	return nil
 }
 
@@ -176,15 +202,24 @@ func engineLetter(m inbox.Message, reason string) Letter {
 // Metrics count dead letters.
 type Metrics struct {
 	letters *prometheus.CounterVec
+	omitted prometheus.Counter
 }
 
 // NewMetrics builds unregistered collectors; the consumer registers Collectors().
 func NewMetrics() *Metrics {
-	return &Metrics{letters: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "seqinbox_dead_letters_total",
-		Help: "Records produced to the dead-letter topic, by reason.",
-	}, []string{"reason"})}
+	return &Metrics{
+		letters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "seqinbox_dead_letters_total",
+			Help: "Records produced to the dead-letter topic, by reason.",
+		}, []string{"reason"}),
+		omitted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "seqinbox_dead_letters_payload_omitted_total",
+			Help: "Dead letters too large for the dead-letter topic, stored without their payload (header seqinbox-dlq-omitted).",
+		}),
+	}
 }
 
 // Collectors returns every collector, for the consumer to register.
-func (m *Metrics) Collectors() []prometheus.Collector { return []prometheus.Collector{m.letters} }
+func (m *Metrics) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.letters, m.omitted}
+}

@@ -46,6 +46,10 @@ type RetryReport struct {
 	Skipped int
 	// Unroutable letters name no original topic (not written by this package); passed over.
 	Unroutable int
+	// Incomplete letters were stored without their payload (too large for the dead-letter
+	// topic); passed over, since re-publishing them would lose it. Their original is at the
+	// topic, partition and offset they name.
+	Incomplete int
 }
 
 // Total is the number of re-published letters.
@@ -108,6 +112,8 @@ func Retry(ctx context.Context, conn []kgo.Opt, opts RetryOptions) (RetryReport,
 				switch {
 				case l.Origin.Topic == "":
 					rep.Unroutable++
+				case l.Omitted != "":
+					rep.Incomplete++
 				case opts.Reason == "" || l.Reason == opts.Reason:
 					batch = append(batch, Republish(l))
 					reasons = append(reasons, l.Reason)
@@ -203,6 +209,8 @@ func Read(r *kgo.Record) Letter {
 			l.Sequence = v
 		case HeaderContextID:
 			l.ContextID = v
+		case HeaderOmitted:
+			l.Omitted = v
 		default:
 			if !strings.HasPrefix(h.Key, HeaderPrefix) {
 				l.Headers = append(l.Headers, inbox.Header{Key: h.Key, Value: h.Value})
