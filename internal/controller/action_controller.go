@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -72,10 +73,7 @@ func (a *ActionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		return result, err
 	}
 	if perr := a.jobs.Client.Status().Patch(ctx, action, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); perr != nil {
-		if err != nil {
-			return result, fmt.Errorf("%w; patch status: %w", err, perr)
-		}
-		return a.jobs.retryOnConflict(ctx, fmt.Errorf("patch status: %w", perr))
+		return ctrl.Result{}, errors.Join(err, fmt.Errorf("patch status: %w", perr))
 	}
 	return result, err
 }

@@ -25,7 +25,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	logf "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -168,7 +167,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 		before := inbox.DeepCopy()
 		controllerutil.AddFinalizer(inbox, finalizerName)
 		if err := r.Client.Patch(ctx, inbox, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-			return r.retryOnConflict(ctx, fmt.Errorf("add finalizer: %w", err))
+			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
 	}
 	s, err := r.observe(ctx, inbox)
@@ -248,14 +247,15 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, inbox *v1alpha1.Sequen
 	before := inbox.DeepCopy()
 	controllerutil.RemoveFinalizer(inbox, finalizerName)
 	if err := r.Client.Patch(ctx, inbox, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
-		return r.retryOnConflict(ctx, fmt.Errorf("remove finalizer: %w", err))
+		return ctrl.Result{}, fmt.Errorf("remove finalizer: %w", err)
 	}
 	r.event(inbox, corev1.EventTypeNormal, "ConsumersStopped", "Delete", "The consumers stopped; the database and its contents stay")
 	return ctrl.Result{}, nil
 }
 
 // patchStatus writes the status when it changed, with an optimistic lock: a pass that computed
-// its status from a stale read must not overwrite a newer one; it runs again instead. Condition
+// its status from a stale read must not overwrite a newer one. The conflict is returned like any
+// error, so the work queue runs the pass again after its rate limiter's backoff. Condition
 // transitions are reported as Events.
 func (r *Reconciler) patchStatus(ctx context.Context, before, inbox *v1alpha1.SequentialInbox, result ctrl.Result, passErr error) (ctrl.Result, error) {
 	if equality.Semantic.DeepEqual(before.Status, inbox.Status) {
@@ -266,22 +266,7 @@ func (r *Reconciler) patchStatus(ctx context.Context, before, inbox *v1alpha1.Se
 	if err == nil {
 		return result, passErr
 	}
-	if passErr != nil {
-		return result, errors.Join(passErr, fmt.Errorf("patch status: %w", err))
-	}
-	return r.retryOnConflict(ctx, fmt.Errorf("patch status: %w", err))
-}
-
-// conflictRetry is how soon a pass that lost an optimistic-lock race runs again.
-const conflictRetry = 100 * time.Millisecond
-
-// retryOnConflict turns a lost optimistic-lock race into a quiet, quick retry; other errors are returned.
-func (r *Reconciler) retryOnConflict(ctx context.Context, err error) (ctrl.Result, error) {
-	if apierrors.IsConflict(err) {
-		logf.FromContext(ctx).V(1).Info("stale read, reconciling again", "error", err.Error())
-		return ctrl.Result{RequeueAfter: conflictRetry}, nil
-	}
-	return ctrl.Result{}, err
+	return ctrl.Result{}, errors.Join(passErr, fmt.Errorf("patch status: %w", err))
 }
 
 // reportedConditions change rarely enough that each transition is worth an Event.
