@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,44 +31,116 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
-func noopSink(b *testing.B) string {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+// latencies pairs the time each record was fetched (returned by a poll) with the time the sink
+// accepted it, by CloudEvents id.
+type latencies struct {
+	mu                sync.Mutex
+	fetched, accepted map[string]time.Time
+}
+
+func newLatencies() *latencies {
+	return &latencies{fetched: map[string]time.Time{}, accepted: map[string]time.Time{}}
+}
+
+// OnFetchRecordUnbuffered implements kgo.HookFetchRecordUnbuffered.
+func (l *latencies) OnFetchRecordUnbuffered(r *kgo.Record, polled bool) {
+	if polled {
+		l.mark(l.fetched, headerOf(r, "ce_id"))
+	}
+}
+
+func (l *latencies) mark(m map[string]time.Time, id string) {
+	now := time.Now()
+	l.mu.Lock()
+	if _, ok := m[id]; !ok {
+		m[id] = now
+	}
+	l.mu.Unlock()
+}
+
+// report reports the 50th and 99th percentile of fetched → accepted in milliseconds.
+func (l *latencies) report(b *testing.B) {
+	l.mu.Lock()
+	var ds []time.Duration
+	for id, at := range l.accepted {
+		if from, ok := l.fetched[id]; ok {
+			ds = append(ds, at.Sub(from))
+		}
+	}
+	l.mu.Unlock()
+	if len(ds) == 0 {
+		b.Fatal("no latency measured")
+	}
+	slices.Sort(ds)
+	at := func(q float64) float64 { return float64(ds[int(q*float64(len(ds)-1))]) / float64(time.Millisecond) }
+	b.ReportMetric(at(0.50), "p50-ms")
+	b.ReportMetric(at(0.99), "p99-ms")
+}
+
+// noopSink accepts every request at once; with l it notes when it accepted each id.
+func noopSink(b *testing.B, l *latencies) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if l != nil {
+			l.mark(l.accepted, r.Header.Get("ce-id"))
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
 	b.Cleanup(srv.Close)
 	return srv.URL
 }
 
-func benchRecords(partitions int32, n int) []*kgo.Record {
-	nonce := time.Now().UnixNano()
+func benchRecords(partitions int32, n int) (string, []*kgo.Record) {
+	run := fmt.Sprintf("bench-%d", time.Now().UnixNano())
 	recs := make([]*kgo.Record, n)
 	for i := range n {
-		order := fmt.Sprintf("bench-%d-%d", nonce, i)
+		order := fmt.Sprintf("%s-%d", run, i)
 		recs[i] = event(int32(i)%partitions, "OrderCreated", order, order)
 	}
-	return recs
+	return run, recs
+}
+
+// runWritersSQL counts the distinct transactions that wrote the rows of a run (ids starting
+// with $1): every row of this benchmark stays in its first version, so this is the number of
+// writing transactions, and sessions of other processes on the same server do not add to it.
+const runWritersSQL = `SELECT count(DISTINCT x) FROM (
+  SELECT xmin::text AS x FROM sequence_instance WHERE context_id LIKE $1
+  UNION ALL SELECT xmin::text FROM sequenced_message WHERE idempotence_id LIKE $1
+  UNION ALL SELECT xmin::text FROM sequential_inbox_idempotence WHERE idempotence_id LIKE $1) w`
+
+func reportWriters(b *testing.B, pool *pgxpool.Pool, run string) {
+	var n int64
+	if err := pool.QueryRow(context.Background(), runWritersSQL, run+"-%").Scan(&n); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(n)/float64(b.N), "writing-tx/msg")
 }
 
 func benchEndToEnd(b *testing.B, partitions int32) {
-	database(b)
+	pool := database(b)
 	seeds := cluster(b, partitions)
 	group := fmt.Sprintf("g-bench-%d", time.Now().UnixNano())
 	var processed atomic.Int64
-	r := startConsumer(b, testInbox(b, seeds, group, noopSink(b), sinkOpts{}), group, func(c *Config) {
+	lat := newLatencies()
+	r := startConsumer(b, testInbox(b, seeds, group, noopSink(b, lat), sinkOpts{}), group, func(c *Config) {
 		c.OnRecord = func(Event) { processed.Add(1) }
 		c.Log = c.Log.V(1)
+		c.hooks = []kgo.Hook{lat}
 	})
 	r.waitReady(b)
-	recs := benchRecords(partitions, b.N)
+	run, recs := benchRecords(partitions, b.N)
 
 	b.ResetTimer()
 	produce(b, seeds, recs...)
 	waitUntil(b, "every record was processed", func() bool { return processed.Load() == int64(b.N) })
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
+	lat.report(b)
+	reportWriters(b, pool, run)
 }
 
 func benchEngineOnly(b *testing.B, partitions int32) {
 	database(b)
-	inbox0 := testInbox(b, []string{"unused:9092"}, "unused", noopSink(b), sinkOpts{})
+	inbox0 := testInbox(b, []string{"unused:9092"}, "unused", noopSink(b, nil), sinkOpts{})
 	set, errs := declaration.Compile(&inbox0.Spec)
 	if len(errs) > 0 {
 		b.Fatal(errs.ToAggregate())
@@ -96,7 +169,8 @@ func benchEngineOnly(b *testing.B, partitions int32) {
 		b.Fatal(err)
 	}
 	byPartition := make([][]inbox.Record, partitions)
-	for _, r := range benchRecords(partitions, b.N) {
+	_, recs := benchRecords(partitions, b.N)
+	for _, r := range recs {
 		rec, err := dec.Decode(r, time.Now())
 		if err != nil {
 			b.Fatal(err)

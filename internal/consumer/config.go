@@ -54,6 +54,8 @@ type Config struct {
 	// build replaces what this binary speaks (engine version, claim protocol) in tests that run
 	// consumers of other builds side by side; the zero value is this binary's.
 	build build
+	// hooks are franz-go hooks of the group client; benchmarks take the time a record was fetched.
+	hooks []kgo.Hook
 }
 
 // Kafka completes spec.kafka with what the cluster would provide from Secrets.

@@ -70,6 +70,9 @@ func (p *processor) runSession(ctx context.Context) error {
 		kgo.OnPartitionsLost(s.lost),
 	)
 	opts = append(opts, c.group.options(c.cfg.InstanceID)...)
+	if len(c.cfg.hooks) > 0 {
+		opts = append(opts, kgo.WithHooks(c.cfg.hooks...))
+	}
 	c.group.reset()
 	client, err := kgo.NewClient(opts...)
 	if err != nil {

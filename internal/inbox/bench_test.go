@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -50,16 +51,36 @@ func runWorkers(workers, n int, op func(worker, i int) error) (time.Duration, er
 	return time.Since(start), firstErr
 }
 
-// xidNow reads the cluster's next transaction id: the difference of two readings counts the
-// transactions that wrote (got an xid, so their commit flushes WAL), plus one for the reading.
-// Other sessions on the same server add to it.
-func xidNow(b *testing.B, pool *pgxpool.Pool) int64 {
+// runWritersSQL counts the distinct transactions that wrote the rows of a run which are still
+// in their first version: the writing transactions per message of the steady variant, where no
+// row is updated or deleted later. Unlike the cluster's transaction id counter it does not count
+// the sessions of other processes on the same server.
+const runWritersSQL = `SELECT count(DISTINCT x) FROM (
+  SELECT xmin::text AS x FROM sequence_instance WHERE context_id LIKE $1
+  UNION ALL SELECT xmin::text FROM sequenced_message WHERE idempotence_id LIKE $1
+  UNION ALL SELECT xmin::text FROM sequential_inbox_idempotence WHERE idempotence_id LIKE $1
+  UNION ALL SELECT b.xmin::text FROM buffered_message b JOIN sequenced_message m ON m.id = b.sequenced_message_id
+    WHERE m.idempotence_id LIKE $1) w`
+
+// runWriters reads runWritersSQL for the rows whose ids start with run.
+func runWriters(b *testing.B, pool *pgxpool.Pool, run string) int64 {
 	b.Helper()
-	var x int64
-	if err := pool.QueryRow(context.Background(), `SELECT pg_current_xact_id()::text::bigint`).Scan(&x); err != nil {
+	var n int64
+	if err := pool.QueryRow(context.Background(), runWritersSQL, run+"-%").Scan(&n); err != nil {
 		b.Fatal(err)
 	}
-	return x
+	return n
+}
+
+// reportLatency reports the 50th and 99th percentile of the latencies in milliseconds.
+func reportLatency(b *testing.B, latencies []time.Duration) {
+	b.Helper()
+	slices.Sort(latencies)
+	at := func(q float64) float64 {
+		return float64(latencies[int(q*float64(len(latencies)-1))]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(at(0.50), "p50-ms")
+	b.ReportMetric(at(0.99), "p99-ms")
 }
 
 var (
@@ -135,20 +156,20 @@ func BenchmarkThroughput(b *testing.B) {
 				// Engine and ceiling alternate in ten chunks each, so that load from other
 				// processes on the machine weighs on both alike.
 				var engine, ceiling time.Duration
-				var writing int64
+				latencies := make([]time.Duration, b.N)
 				b.ResetTimer()
 				for from, chunk := 0, max(b.N/10, 1); from < b.N; from += chunk {
 					n := min(chunk, b.N-from)
-					x0 := xidNow(b, pool)
 					d, err := runWorkers(workers, n, func(w, i int) error {
+						start := time.Now()
 						res, err := e.Process(ctx, v.rec(run, w, from+i))
+						latencies[from+i] = time.Since(start)
 						// A pair's B may overtake its A on another worker and wait for it.
 						if err == nil && res.Outcome != Delivered && res.Outcome != Buffered {
 							err = fmt.Errorf("message %d: %v", from+i, res.Outcome)
 						}
 						return err
 					})
-					writing += xidNow(b, pool) - x0 - 1
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -171,7 +192,10 @@ func BenchmarkThroughput(b *testing.B) {
 				b.ReportMetric(rate, "msgs/s")
 				b.ReportMetric(ceilingRate, "ceiling-commits/s")
 				b.ReportMetric(rate/(ceilingRate/2), "of-half-ceiling")
-				b.ReportMetric(float64(writing)/float64(b.N), "writing-tx/msg")
+				if v.name == "steady" {
+					b.ReportMetric(float64(runWriters(b, pool, run))/float64(b.N), "writing-tx/msg")
+				}
+				reportLatency(b, latencies)
 			})
 		}
 	}
