@@ -107,6 +107,32 @@ const runWritersSQL = `SELECT count(DISTINCT x) FROM (
   UNION ALL SELECT xmin::text FROM sequenced_message WHERE idempotence_id LIKE $1
   UNION ALL SELECT xmin::text FROM sequential_inbox_idempotence WHERE idempotence_id LIKE $1) w`
 
+// reportCeiling measures single-row INSERT … ON CONFLICT DO NOTHING commits/s at the given
+// concurrency on the benchmark's database, so that a run's throughput can be read next to what
+// the machine allowed at that moment.
+func reportCeiling(b *testing.B, pool *pgxpool.Pool, run string, concurrency int) {
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_ceiling (k text PRIMARY KEY)`); err != nil {
+		b.Fatal(err)
+	}
+	n := min(b.N, 2000)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range concurrency {
+		wg.Go(func() {
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				if _, err := pool.Exec(ctx, `INSERT INTO bench_ceiling (k) VALUES ($1) ON CONFLICT DO NOTHING`, fmt.Sprintf("%s-%d", run, i)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "ceiling-commits/s")
+}
+
 func reportWriters(b *testing.B, pool *pgxpool.Pool, run string) {
 	var n int64
 	if err := pool.QueryRow(context.Background(), runWritersSQL, run+"-%").Scan(&n); err != nil {
@@ -136,6 +162,7 @@ func benchEndToEnd(b *testing.B, partitions int32) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
 	lat.report(b)
 	reportWriters(b, pool, run)
+	reportCeiling(b, pool, run, int(partitions))
 }
 
 func benchEngineOnly(b *testing.B, partitions int32) {
@@ -194,4 +221,5 @@ func benchEngineOnly(b *testing.B, partitions int32) {
 	wg.Wait()
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
+	reportCeiling(b, pool, fmt.Sprintf("engine-%d", time.Now().UnixNano()), int(partitions))
 }

@@ -47,8 +47,9 @@ type Config struct {
 	Clock fence.Clock
 	// Log receives structured logs; the zero value discards them.
 	Log logr.Logger
-	// OnRecord, when set, is told what became of every record whose offset may now be committed,
-	// from the partition's goroutine; it must not block. The demo and tests read it.
+	// OnRecord, when set, is told what became of every finished record, from the goroutine that
+	// processed it (records of a partition run concurrently); it must not block. The demo and
+	// tests read it.
 	OnRecord func(Event)
 
 	// build replaces what this binary speaks (engine version, claim protocol) in tests that run

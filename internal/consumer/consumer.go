@@ -4,10 +4,12 @@
 // keeps the database schema and the version fence in view (it fetches only while both pass),
 // runs housekeeping and operator actions, and serves health, readiness and metrics.
 //
-// Records of one partition are processed in order by one goroutine; partitions run in parallel,
-// at most poolSize/2 records at a time (each holds up to two connections). On revocation and on
-// shutdown the in-flight record of every partition finishes, queued records are dropped, and the
-// offsets of what is done are committed before the partitions are given up.
+// Records of one sequence instance, and records of one Kafka key, are processed in offset order;
+// everything else runs in parallel, within a partition too (keyed.go), at most poolSize/2 records
+// at a time (each holds up to two connections). The offset committed for a partition is the one
+// of its lowest unfinished record. On revocation and on shutdown the in-flight records finish,
+// records not started are dropped, and the offsets of what is done are committed before the
+// partitions are given up.
 package consumer
 
 import (

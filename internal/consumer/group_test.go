@@ -59,7 +59,10 @@ func TestRebalanceWhileRecordsAreInFlightFinishesAndCommitsThemFirst(t *testing.
 		recs = append(recs, event(int32(p), "OrderCreated", hang(p), fmt.Sprintf("reb-h%d", p)))
 		for i := range 10 {
 			order := fmt.Sprintf("reb-p%d-o%d", p, i)
-			recs = append(recs, event(int32(p), "OrderCreated", order, order))
+			r := event(int32(p), "OrderCreated", order, order)
+			// The held record's Kafka key: these wait for it, so that some are left to move.
+			r.Key = []byte(fmt.Sprintf("reb-h%d", p))
+			recs = append(recs, r)
 		}
 	}
 	produce(t, seeds, recs...)

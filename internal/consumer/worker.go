@@ -15,7 +15,7 @@ import (
 	"github.com/seqinbox/seqinbox/internal/sequence"
 )
 
-// worker processes the records of one assigned partition, one after the other.
+// worker processes the records of one assigned partition: concurrently by key (keyed.go).
 type worker struct {
 	s      *session
 	client *kgo.Client
@@ -88,26 +88,6 @@ func (w *worker) next() (*kgo.Record, bool) {
 
 func (w *worker) stop() { w.stopOnce.Do(func() { close(w.stopping) }) }
 
-// run processes records until stopped. A record it abandons (stopped while retrying) ends the
-// run: nothing after it in the partition may be processed or committed.
-func (w *worker) run() {
-	defer close(w.done)
-	for {
-		r, ok := w.next()
-		if !ok {
-			return
-		}
-		if !w.s.p.handle(w, r) {
-			return
-		}
-		w.s.mark(w.tp, kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1})
-		w.mu.Lock()
-		lag := w.hwm - (r.Offset + 1)
-		w.mu.Unlock()
-		w.s.p.c.metrics.setLag(w.tp.topic, w.tp.partition, lag)
-	}
-}
-
 // wait sleeps d unless the worker stops or the consumer is killed first.
 func (w *worker) wait(d time.Duration) bool {
 	select {
@@ -124,11 +104,10 @@ func (w *worker) wait(d time.Duration) bool {
 // its offset is not committed.
 var errAbandoned = errors.New("record abandoned: partition revoked or consumer stopping")
 
-// handle decides about one record: decode, process, dead-letter. It returns true when the
-// record's offset may be committed, false when it was abandoned.
-func (p *processor) handle(w *worker, r *kgo.Record) bool {
+// handle decides about one decoded record (err is the decoder's): process or dead-letter. It
+// returns true when the record is finished, false when it was abandoned.
+func (p *processor) handle(w *worker, r *kgo.Record, rec inbox.Record, err error) bool {
 	c := p.c
-	rec, err := c.decoder.Decode(r, c.clock.Now())
 	ev := Event{Origin: rec.Origin, Type: rec.Type, Subtype: rec.Subtype, ContextID: rec.ContextID, IdempotenceID: rec.IdempotenceID}
 	if err != nil {
 		class, cause := decode.ClassInvalidCloudEvent, err
