@@ -235,6 +235,13 @@ func (e *Engine) deliverUnderClaim(ctx context.Context, instanceID int64, c clai
 // insertStateSQL stores the state of a delivered message that had no row, with the raw record
 // of this delivery, so that a CONSUME action can deliver it again. The guard finds a row only
 // when someone else recorded the message after T1's lookup, which means our claim was lost.
+//
+// A PROCESSED state commits without waiting for its WAL flush (synchronous_commit off for this
+// transaction only, set in the same statement): T1 commits after it and waits for its own flush,
+// which covers every earlier WAL record, so the state is durable before the record's offset may
+// be committed, at one WAL flush per message instead of two (see docs/performance.md). A server
+// crash between the two commits loses both, and the record is delivered again, as after a crash
+// before the state write.
 const insertStateSQL = `WITH m AS (
   INSERT INTO sequenced_message
     (sequence_instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context)
@@ -243,7 +250,8 @@ const insertStateSQL = `WITH m AS (
   RETURNING id, sequence_instance_id
 )
 INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
-SELECT sequence_instance_id, id, $10, $11, $12 FROM m`
+SELECT sequence_instance_id, id, $10, $11, $12 FROM m
+RETURNING set_config('synchronous_commit', CASE WHEN $8 = 'PROCESSED' THEN 'off' ELSE current_setting('synchronous_commit') END, true)`
 
 // updateFailedStateSQL stores the new state of a redelivered FAILED message on its row, with the
 // raw record of this delivery; it writes nothing unless the row is still FAILED.
