@@ -191,7 +191,13 @@ func benchEngineOnly(b *testing.B, partitions int32) {
 		b.Fatal(err)
 	}
 	defer listener.Close()
-	engine, err := inbox.New(pool, set, listener, inbox.Config{ListenerDeadline: 5 * time.Second, IdleLockTimeout: 5 * time.Second}, nil)
+	maintenance, err := newPool(context.Background(), dbURL, inbox.MaintenanceConnections)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer maintenance.Close()
+	engine, err := inbox.New(pool, set, listener, inbox.Config{ListenerDeadline: 5 * time.Second, IdleLockTimeout: 5 * time.Second,
+		Maintenance: maintenance}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
