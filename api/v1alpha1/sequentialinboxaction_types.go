@@ -71,15 +71,18 @@ type ActionInstanceTarget struct {
 }
 
 // ActionPhase is where a requested action stands.
-// +kubebuilder:validation:Enum=Pending;Recorded;Failed
+// +kubebuilder:validation:Enum=Pending;Recorded;Executed;Failed
 type ActionPhase string
 
 const (
 	// ActionPending says the action is not recorded yet (the inbox is missing or the Job runs).
 	ActionPending ActionPhase = "Pending"
-	// ActionRecorded says the action is recorded in the database; a consumer executes it.
+	// ActionRecorded says the action is recorded in the database and waits for a consumer.
 	ActionRecorded ActionPhase = "Recorded"
-	// ActionFailed says the action could not be recorded (e.g. the target does not exist); final.
+	// ActionExecuted says a consumer ran the action and it did its work; final.
+	ActionExecuted ActionPhase = "Executed"
+	// ActionFailed says the action could not be recorded (e.g. the target does not exist), or a
+	// consumer ran it and it could not do its work, or another request replaced it; final.
 	ActionFailed ActionPhase = "Failed"
 )
 
@@ -87,21 +90,31 @@ const (
 // in the database, False with the reason while it is not (or when it failed).
 const ConditionRecorded = "Recorded"
 
+// ConditionExecuted is True once a consumer ran the action and it did its work, False with the
+// reason when it could not (or while it waits).
+const ConditionExecuted = "Executed"
+
 // SequentialInboxActionStatus is what the operator did with the request.
 type SequentialInboxActionStatus struct {
-	// Phase is Pending until the action is Recorded or Failed; both are final.
+	// Phase is Pending until the action is Recorded, then Executed or Failed; both are final.
 	// +optional
 	Phase ActionPhase `json:"phase,omitempty"`
 
-	// Conditions: Recorded.
+	// Conditions: Recorded, Executed.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 
-	// JobName is the Job (`seqinbox action` from the inbox's image) that records the action.
+	// JobName is the Job (`seqinbox action` from the inbox's image) that records the action and
+	// awaits its execution.
 	// +optional
 	JobName string `json:"jobName,omitempty"`
+
+	// Attempt counts the Jobs run for the action: the first records it, later ones await its
+	// execution when no consumer ran it in the first Job's time.
+	// +optional
+	Attempt int32 `json:"attempt,omitempty"`
 
 	// Message says what happened, for a person: what was recorded, or why it failed.
 	// +optional

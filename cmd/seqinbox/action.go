@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
@@ -23,6 +24,12 @@ type actionRequest struct {
 	action                     v1alpha1.ActionType
 	messageType, idempotenceID string
 	sequence, contextID        string
+	// requestID names the request, so that its outcome can be awaited (the SequentialInboxAction's UID).
+	requestID string
+	// wait is how long to await the execution after recording; zero does not wait.
+	wait time.Duration
+	// awaitOnly skips recording: the request was recorded by an earlier run.
+	awaitOnly bool
 }
 
 // target names what the action is on, for the report.
@@ -48,6 +55,9 @@ func (a actionRequest) validate() error {
 		}
 	default:
 		return fmt.Errorf("--action %q: use Consume, Expire, ConsumeAll or Close", a.action)
+	}
+	if (a.wait > 0 || a.awaitOnly) && a.requestID == "" {
+		return errors.New("--wait and --await-only need --request-id")
 	}
 	return nil
 }
@@ -100,6 +110,9 @@ In Kubernetes, create a SequentialInboxAction instead: the operator runs this co
 	cmd.Flags().StringVar(&req.idempotenceID, "idempotence-id", "", "idempotence ID of the message (Consume, Expire)")
 	cmd.Flags().StringVar(&req.sequence, "sequence", "", "sequence of the instance (ConsumeAll, Close)")
 	cmd.Flags().StringVar(&req.contextID, "context-id", "", "context ID of the instance (ConsumeAll, Close)")
+	cmd.Flags().StringVar(&req.requestID, "request-id", "", "id of the request, so that its execution can be awaited (the operator passes the SequentialInboxAction's UID)")
+	cmd.Flags().DurationVar(&req.wait, "wait", 0, "after recording, wait this long for a consumer to execute the action and report its outcome")
+	cmd.Flags().BoolVar(&req.awaitOnly, "await-only", false, "do not record: only await the outcome of the request recorded earlier with --request-id")
 	addOutputFlag(cmd, &output)
 	cmd.Flags().StringVar(&terminationPath, "termination-message-path", "", "also write the JSON report here, within 4 KiB (Kubernetes termination message)")
 	return cmd
@@ -109,8 +122,7 @@ In Kubernetes, create a SequentialInboxAction instead: the operator runs this co
 // the termination message path when set (also on failure).
 func recordAndReport(ctx context.Context, databaseURL string, req actionRequest, output, terminationPath string, stdout io.Writer) error {
 	report := controller.ActionReport{Action: string(req.action), Target: req.target()}
-	runErr := recordAction(ctx, databaseURL, req)
-	report.Recorded = runErr == nil
+	runErr := recordAction(ctx, databaseURL, req, &report)
 	if runErr != nil {
 		report.Error = runErr.Error()
 	}
@@ -128,15 +140,23 @@ func recordAndReport(ctx context.Context, databaseURL string, req actionRequest,
 			return errors.Join(runErr, fmt.Errorf("write report: %w", err))
 		}
 	} else if runErr == nil {
-		if _, err := fmt.Fprintf(stdout, "%s on %s recorded; a consumer executes it at its next action run\n", report.Action, report.Target); err != nil {
+		line := fmt.Sprintf("%s on %s recorded; a consumer executes it at its next action run", report.Action, report.Target)
+		if report.Executed {
+			line = fmt.Sprintf("%s on %s: %s: %s", report.Action, report.Target, report.Outcome, report.Detail)
+		}
+		if _, err := fmt.Fprintln(stdout, line); err != nil {
 			return fmt.Errorf("write report: %w", err)
 		}
 	}
 	return runErr
 }
 
-// recordAction records the action as pending on its target through the inbox's functions.
-func recordAction(ctx context.Context, databaseURL string, req actionRequest) error {
+// actionPollInterval is how often an awaited action's outcome is read.
+const actionPollInterval = time.Second
+
+// recordAction records the action as pending on its target through the inbox's functions, then
+// awaits its outcome for req.wait, filling the report.
+func recordAction(ctx context.Context, databaseURL string, req actionRequest, report *controller.ActionReport) error {
 	conn, err := pgx.Connect(ctx, databaseURL)
 	if err != nil {
 		return fmt.Errorf("connect to the database: %w", err)
@@ -147,15 +167,47 @@ func recordAction(ctx context.Context, databaseURL string, req actionRequest) er
 	} else if err != nil {
 		return err
 	}
+	if !req.awaitOnly {
+		if err := requestAction(ctx, conn, req); err != nil {
+			return err
+		}
+	}
+	report.Recorded = true
+	if req.requestID == "" {
+		return nil
+	}
+	deadline := time.Now().Add(req.wait)
+	for {
+		r, err := inbox.ActionResultOf(ctx, conn, req.requestID)
+		if err != nil {
+			return err
+		}
+		if r.Done {
+			report.Executed, report.Outcome, report.Detail = true, r.Outcome, r.Detail
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(actionPollInterval):
+		}
+	}
+}
+
+// requestAction records the action through the inbox's functions.
+func requestAction(ctx context.Context, conn *pgx.Conn, req actionRequest) error {
 	switch req.action {
 	case v1alpha1.ActionConsume:
-		return inbox.RequestMessageAction(ctx, conn, req.messageType, req.idempotenceID, inbox.ActionConsume)
+		return inbox.RequestMessageAction(ctx, conn, req.requestID, req.messageType, req.idempotenceID, inbox.ActionConsume)
 	case v1alpha1.ActionExpire:
-		return inbox.RequestMessageAction(ctx, conn, req.messageType, req.idempotenceID, inbox.ActionExpire)
+		return inbox.RequestMessageAction(ctx, conn, req.requestID, req.messageType, req.idempotenceID, inbox.ActionExpire)
 	case v1alpha1.ActionConsumeAll:
-		return inbox.RequestInstanceAction(ctx, conn, req.sequence, req.contextID, inbox.ActionConsumeAll)
+		return inbox.RequestInstanceAction(ctx, conn, req.requestID, req.sequence, req.contextID, inbox.ActionConsumeAll)
 	case v1alpha1.ActionClose:
-		return inbox.RequestInstanceAction(ctx, conn, req.sequence, req.contextID, inbox.ActionClose)
+		return inbox.RequestInstanceAction(ctx, conn, req.requestID, req.sequence, req.contextID, inbox.ActionClose)
 	default:
 		return fmt.Errorf("unknown action %q", req.action)
 	}

@@ -10,11 +10,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/seqinbox/seqinbox/internal/controller"
 	"github.com/seqinbox/seqinbox/internal/inbox"
+	"github.com/seqinbox/seqinbox/internal/sequence"
 	"github.com/seqinbox/seqinbox/migrations"
 )
 
@@ -192,5 +194,55 @@ func TestActionReportFitsTheTerminationMessage(t *testing.T) {
 	if len(b) > migrations.TerminationMessageLimit || !strings.HasSuffix(back.Error, "é…") || back.Action != "Consume" {
 		t.Fatalf("encoded %d bytes, action %q, error ending %q; want within the limit, the action kept, cut on a rune boundary",
 			len(b), back.Action, back.Error[len(back.Error)-8:])
+	}
+}
+
+// discard is a listener and dead-letterer that accepts everything.
+type discard struct{}
+
+func (discard) Deliver(context.Context, inbox.Message) error { return nil }
+
+func (discard) DeadLetter(context.Context, inbox.Message, string) error { return nil }
+
+func TestActionCommandAwaitsTheOutcomeAConsumerReports(t *testing.T) {
+	ctx := context.Background()
+	url, pool := actionDatabase(t)
+	var stdout bytes.Buffer
+	record := []string{"--database-url", url, "--output", "json", "--action", "Close", "--sequence", "order", "--context-id", "o-1",
+		"--request-id", "uid-1"}
+	if err := actionCommand(ctx, append(record, "--wait", "0s"), &stdout); err != nil {
+		t.Fatal(err)
+	}
+	var report controller.ActionReport
+	if err := json.Unmarshal(stdout.Bytes(), &report); err != nil || !report.Recorded || report.Executed {
+		t.Fatalf("report before any consumer ran = %+v (%v), want recorded, not executed", report, err)
+	}
+
+	maintenance, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer maintenance.Close()
+	set := sequence.NewSet([]*sequence.Sequence{{Name: "order", Retention: time.Hour,
+		Types: []*sequence.MessageType{{Type: "OrderPaid", Qualified: "OrderPaid"}}}})
+	engine, err := inbox.New(pool, set, discard{}, inbox.Config{ListenerDeadline: time.Minute, IdleLockTimeout: time.Minute,
+		Maintenance: maintenance}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := engine.RunPendingActions(ctx, discard{}); err != nil || n != 1 {
+		t.Fatalf("RunPendingActions = %d, %v; want the Close executed", n, err)
+	}
+
+	stdout.Reset()
+	if err := actionCommand(ctx, append(record, "--await-only", "--wait", "10s"), &stdout); err != nil {
+		t.Fatal(err)
+	}
+	report = controller.ActionReport{}
+	if err := json.Unmarshal(stdout.Bytes(), &report); err != nil {
+		t.Fatal(err)
+	}
+	if !report.Executed || report.Outcome != controller.OutcomeExecuted || !strings.Contains(report.Detail, "instance closed") {
+		t.Fatalf("report after the consumer ran = %+v, want Executed with what it did", report)
 	}
 }

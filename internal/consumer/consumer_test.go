@@ -358,10 +358,10 @@ func TestOperatorActionsRunInTheConsumer(t *testing.T) {
 	waitUntil(t, "both messages are buffered", func() bool { return r.events.count("Buffered") == 2 })
 
 	ctx := context.Background()
-	if err := inbox.RequestMessageAction(ctx, pool, "OrderPaid", "act-paid", inbox.ActionConsume); err != nil {
+	if err := inbox.RequestMessageAction(ctx, pool, "", "OrderPaid", "act-paid", inbox.ActionConsume); err != nil {
 		t.Fatal(err)
 	}
-	if err := inbox.RequestInstanceAction(ctx, pool, "order", "act-o2", inbox.ActionClose); err != nil {
+	if err := inbox.RequestInstanceAction(ctx, pool, "", "order", "act-o2", inbox.ActionClose); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "CONSUME delivered the buffered message", func() bool { return s.accepted()["act-paid"] == 1 })

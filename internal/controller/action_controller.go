@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -34,11 +35,24 @@ const (
 	reasonActionJobLost = "JobLost"
 )
 
+// Reasons of the Executed condition of a SequentialInboxAction.
+const (
+	reasonAwaitingExecution = "AwaitingExecution"
+	reasonExecuted          = "Executed"
+	reasonExecutionFailed   = "ExecutionFailed"
+	reasonSuperseded        = "Superseded"
+)
+
+// actionWait is how long one action Job awaits the consumers' execution after recording; when
+// no consumer ran the action in that time the action stays Recorded and the next Job awaits it.
+const actionWait = 2 * time.Minute
+
 // ActionReconciler records the operator actions requested as SequentialInboxAction resources
 // (SPEC §6) in their inbox's database. Like the schema migration it never talks SQL: it runs
 // `seqinbox action` as a Job from the inbox's image, with the inbox's database Secret and the
 // same Job builder, and reads the result from the Job's termination message. An action is
-// recorded once: Recorded and Failed are final, and nothing is deleted.
+// recorded once; the Job then awaits its execution by a consumer. Executed and Failed are final,
+// and nothing is deleted.
 type ActionReconciler struct {
 	// jobs is the SequentialInbox reconciler, whose clients, options and Job helpers are shared.
 	jobs *Reconciler
@@ -58,7 +72,7 @@ func (a *ActionReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(a)
 }
 
-// Reconcile drives one action until it is Recorded or Failed, and writes its status when it changed.
+// Reconcile drives one action until it is Executed or Failed, and writes its status when it changed.
 func (a *ActionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	action := &v1alpha1.SequentialInboxAction{}
 	if err := a.jobs.Client.Get(ctx, req.NamespacedName, action); err != nil {
@@ -79,7 +93,7 @@ func (a *ActionReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 }
 
 func final(p v1alpha1.ActionPhase) bool {
-	return p == v1alpha1.ActionRecorded || p == v1alpha1.ActionFailed
+	return p == v1alpha1.ActionExecuted || p == v1alpha1.ActionFailed
 }
 
 // record looks up the inbox, runs the action's Job and reads its result into the status.
@@ -99,7 +113,8 @@ func (a *ActionReconciler) record(ctx context.Context, action *v1alpha1.Sequenti
 	if s.image == "" {
 		s.image = r.DefaultImage
 	}
-	name := actionJobName(&inbox, action)
+	attempt := max(action.Status.Attempt, 1)
+	name := actionJobName(&inbox, action, attempt)
 	job, err := a.currentJob(ctx, action, name)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -111,26 +126,40 @@ func (a *ActionReconciler) record(ctx context.Context, action *v1alpha1.Sequenti
 					"Create a new SequentialInboxAction to request it again.", name))
 			return ctrl.Result{}, nil
 		}
-		if err := a.createJob(ctx, s, action, name); err != nil {
+		if err := a.createJob(ctx, s, action, name, attempt); err != nil {
 			return ctrl.Result{}, err
 		}
-		action.Status.JobName = name
-		a.setStatus(action, v1alpha1.ActionPending, metav1.ConditionFalse, reasonRecording,
-			fmt.Sprintf("Job %s records the action with %s.", name, s.image))
+		action.Status.JobName, action.Status.Attempt = name, attempt
+		if attempt == 1 {
+			a.setStatus(action, v1alpha1.ActionPending, metav1.ConditionFalse, reasonRecording,
+				fmt.Sprintf("Job %s records the action with %s.", name, s.image))
+		}
 		return ctrl.Result{}, nil
 	}
 	action.Status.JobName = name
 	finished, failed, reason := jobFinished(job)
 	if !finished {
-		a.setStatus(action, v1alpha1.ActionPending, metav1.ConditionFalse, reasonRecording,
-			fmt.Sprintf("Job %s records the action with %s.", name, s.image))
+		if attempt == 1 {
+			a.setStatus(action, v1alpha1.ActionPending, metav1.ConditionFalse, reasonRecording,
+				fmt.Sprintf("Job %s records the action with %s.", name, s.image))
+		}
 		return ctrl.Result{}, nil
 	}
 	report, reportErr := a.readActionReport(ctx, s, name)
 	switch {
+	case reportErr == nil && report.Executed && !failed:
+		a.setExecuted(action, report, name)
+	case reportErr == nil && report.Recorded && !failed && action.Status.Phase == v1alpha1.ActionRecorded:
+		// This Job's wait ended before a consumer ran the action (seen at the last pass): the next
+		// Job awaits it.
+		action.Status.Attempt = attempt + 1
+		return ctrl.Result{Requeue: true}, nil
 	case reportErr == nil && report.Recorded && !failed:
 		a.setStatus(action, v1alpha1.ActionRecorded, metav1.ConditionTrue, reasonRecorded, fmt.Sprintf(
-			"%s on %s recorded by Job %s; a consumer executes it at its next action run.", report.Action, report.Target, name))
+			"%s on %s recorded by Job %s; no consumer executed it within %s (are the consumers running?); the operator looks again.",
+			report.Action, report.Target, name, actionWait))
+		a.setExecutedCondition(action, metav1.ConditionFalse, reasonAwaitingExecution, "Waiting for a consumer to run the action.")
+		return ctrl.Result{RequeueAfter: r.PollInterval}, nil
 	case reportErr == nil && report.Error != "":
 		a.setStatus(action, v1alpha1.ActionFailed, metav1.ConditionFalse, reasonNotRecorded, fmt.Sprintf(
 			"%s on %s was not recorded: %s", report.Action, report.Target, report.Error))
@@ -168,12 +197,13 @@ func (a *ActionReconciler) currentJob(ctx context.Context, action *v1alpha1.Sequ
 	return &job, nil
 }
 
-// createJob creates the Job that runs `seqinbox action` from the inbox's image, owned by the action.
-func (a *ActionReconciler) createJob(ctx context.Context, s *scope, action *v1alpha1.SequentialInboxAction, name string) error {
+// createJob creates the Job that runs `seqinbox action` from the inbox's image, owned by the
+// action: the first records the action and awaits its execution, later ones only await it.
+func (a *ActionReconciler) createJob(ctx context.Context, s *scope, action *v1alpha1.SequentialInboxAction, name string, attempt int32) error {
 	req := jobRequest{
 		component: componentAction,
-		run:       &v1alpha1.JobRunStatus{Key: actionKey(action), Attempt: 1},
-		args:      actionArgs(action.Spec),
+		run:       &v1alpha1.JobRunStatus{Key: actionKey(action), Attempt: attempt},
+		args:      actionArgs(action, attempt),
 	}
 	job := buildJob(s.inbox, s.image, req, name)
 	if err := controllerutil.SetControllerReference(action, job, a.jobs.Client.Scheme()); err != nil {
@@ -191,11 +221,15 @@ func (a *ActionReconciler) createJob(ctx context.Context, s *scope, action *v1al
 	return nil
 }
 
-// actionArgs are the arguments of `seqinbox action` for the spec; the CRD's rules guarantee
-// that the action has its own target.
-func actionArgs(spec v1alpha1.SequentialInboxActionSpec) []string {
+// actionArgs are the arguments of `seqinbox action` for the action's attempt; the CRD's rules
+// guarantee that the action has its own target. The request id is the action's UID.
+func actionArgs(action *v1alpha1.SequentialInboxAction, attempt int32) []string {
+	spec := action.Spec
 	args := []string{"action", "--output", "json", "--termination-message-path", corev1.TerminationMessagePathDefault,
-		"--action", string(spec.Action)}
+		"--action", string(spec.Action), "--request-id", string(action.UID), "--wait", actionWait.String()}
+	if attempt > 1 {
+		args = append(args, "--await-only")
+	}
 	if m := spec.Message; m != nil {
 		args = append(args, "--type", m.Type, "--idempotence-id", m.IdempotenceID)
 	}
@@ -212,8 +246,8 @@ func actionKey(action *v1alpha1.SequentialInboxAction) string {
 
 // actionJobName names the one Job of an action after its inbox (at most 40 characters) and its
 // key, within the 63 characters of the Job's pod label.
-func actionJobName(inbox *v1alpha1.SequentialInbox, action *v1alpha1.SequentialInboxAction) string {
-	return jobName(inbox, componentAction, actionKey(action), 1)
+func actionJobName(inbox *v1alpha1.SequentialInbox, action *v1alpha1.SequentialInboxAction, attempt int32) string {
+	return jobName(inbox, componentAction, actionKey(action), attempt)
 }
 
 // readActionReport decodes the report that `seqinbox action` wrote to the termination message
@@ -249,4 +283,34 @@ func (a *ActionReconciler) setStatus(action *v1alpha1.SequentialInboxAction, pha
 	st.Phase, st.Message = phase, message
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionRecorded, Status: status, Reason: reason,
 		Message: message, ObservedGeneration: action.Generation, LastTransitionTime: metav1.NewTime(a.jobs.Clock.Now())})
+}
+
+// setExecuted reports what a consumer did with the action: Executed, or Failed with the reason
+// (the action could not do its work, or another request replaced it). A final phase is
+// reported as an Event.
+func (a *ActionReconciler) setExecuted(action *v1alpha1.SequentialInboxAction, report *ActionReport, job string) {
+	message := truncate(fmt.Sprintf("%s on %s: %s (reported by Job %s).", report.Action, report.Target, report.Detail, job))
+	phase, status, reason, eventType := v1alpha1.ActionFailed, metav1.ConditionFalse, reasonExecutionFailed, corev1.EventTypeWarning
+	switch report.Outcome {
+	case OutcomeExecuted:
+		phase, status, reason, eventType = v1alpha1.ActionExecuted, metav1.ConditionTrue, reasonExecuted, corev1.EventTypeNormal
+	case OutcomeSuperseded:
+		reason = reasonSuperseded
+	}
+	st := &action.Status
+	if st.Phase != phase {
+		a.jobs.event(action, eventType, reason, "ExecuteAction", "%s", message)
+	}
+	st.Phase, st.Message = phase, message
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionRecorded, Status: metav1.ConditionTrue,
+		Reason: reasonRecorded, Message: fmt.Sprintf("%s on %s recorded.", report.Action, report.Target),
+		ObservedGeneration: action.Generation, LastTransitionTime: metav1.NewTime(a.jobs.Clock.Now())})
+	a.setExecutedCondition(action, status, reason, message)
+}
+
+// setExecutedCondition sets the Executed condition; the transition time changes only when its
+// status does.
+func (a *ActionReconciler) setExecutedCondition(action *v1alpha1.SequentialInboxAction, status metav1.ConditionStatus, reason, message string) {
+	meta.SetStatusCondition(&action.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionExecuted, Status: status, Reason: reason,
+		Message: truncate(message), ObservedGeneration: action.Generation, LastTransitionTime: metav1.NewTime(a.jobs.Clock.Now())})
 }

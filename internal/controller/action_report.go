@@ -16,6 +16,12 @@ type ActionReport struct {
 	Target string `json:"target"`
 	// Recorded is true when the action is recorded in the database as pending.
 	Recorded bool `json:"recorded"`
+	// Executed is true once a consumer ran the action; Outcome and Detail say how it went.
+	Executed bool `json:"executed,omitempty"`
+	// Outcome is Executed, Failed or Superseded (another request replaced it before it ran).
+	Outcome string `json:"outcome,omitempty"`
+	// Detail says, for a person, what the action did or why it could not.
+	Detail string `json:"detail,omitempty"`
 	// Error says why the action was not recorded (e.g. the target does not exist).
 	Error string `json:"error,omitempty"`
 }
@@ -34,6 +40,8 @@ func (r ActionReport) EncodeWithin(limit int) ([]byte, error) {
 		switch {
 		case len(r.Error) > 1:
 			r.Error = shortenHalf(r.Error)
+		case len(r.Detail) > 1:
+			r.Detail = shortenHalf(r.Detail)
 		case len(r.Target) > 1:
 			r.Target = shortenHalf(r.Target)
 		default:
@@ -50,6 +58,13 @@ func shortenHalf(s string) string {
 	}
 	return s[:cut] + "…"
 }
+
+// Outcomes of an executed action as ActionReport.Outcome carries them (the engine's words).
+const (
+	OutcomeExecuted   = "Executed"
+	OutcomeFailed     = "Failed"
+	OutcomeSuperseded = "Superseded"
+)
 
 // parseActionReport decodes the report that `seqinbox action` wrote to the termination message
 // of its Job's container; a report without action or target is not one.

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -80,7 +81,7 @@ func actionReportJSON(t *testing.T, r ActionReport) string {
 	return string(b)
 }
 
-func TestActionIsRecordedByAJobFromTheInboxImageAndEndsRecorded(t *testing.T) {
+func TestActionIsRecordedByAJobFromTheInboxImageThenAwaitedUntilExecuted(t *testing.T) {
 	h := newHarness(t)
 	h.create("orders", func(in *v1alpha1.SequentialInbox) {
 		in.Spec.Image = imageV2
@@ -101,7 +102,8 @@ func TestActionIsRecordedByAJobFromTheInboxImageAndEndsRecorded(t *testing.T) {
 	}
 	c := job.Spec.Template.Spec.Containers[0]
 	wantArgs := []string{"action", "--output", "json", "--termination-message-path", "/dev/termination-log",
-		"--action", "Consume", "--type", "OrderPaid", "--idempotence-id", "order-42-paid"}
+		"--action", "Consume", "--request-id", string(action.UID), "--wait", actionWait.String(),
+		"--type", "OrderPaid", "--idempotence-id", "order-42-paid"}
 	if !slices.Equal(c.Args, wantArgs) || c.Image != imageV2 {
 		t.Fatalf("container = %s %q, want %s %q", c.Image, c.Args, imageV2, wantArgs)
 	}
@@ -124,17 +126,70 @@ func TestActionIsRecordedByAJobFromTheInboxImageAndEndsRecorded(t *testing.T) {
 	h.expectAction("consume-42", v1alpha1.ActionPending, reasonRecording)
 	h.must(clustersim.CompleteJobWithMessage(h.ctx, k8s, job, actionReportJSON(t,
 		ActionReport{Action: "Consume", Target: "message OrderPaid/order-42-paid", Recorded: true})))
-	h.reconcileAction("consume-42")
+	if res := h.reconcileAction("consume-42"); res.RequeueAfter == 0 {
+		t.Fatalf("result %+v after a Job whose wait ended unexecuted, want to look again later", res)
+	}
 	h.expectAction("consume-42", v1alpha1.ActionRecorded, reasonRecorded, "Consume on message OrderPaid/order-42-paid recorded", job.Name)
-	if notes := h.events("consume-42", reasonRecorded); len(notes) == 0 {
-		t.Error("no Recorded Event about the action")
+	h.expectExecuted("consume-42", metav1.ConditionFalse, reasonAwaitingExecution)
+
+	// The next pass starts a Job that only awaits the execution.
+	h.reconcileAction("consume-42")
+	h.reconcileAction("consume-42")
+	var await *batchv1.Job
+	for _, j := range h.jobs("orders", componentAction) {
+		if j.Name != job.Name {
+			await = &j
+		}
+	}
+	if await == nil {
+		t.Fatal("no second Job awaiting the execution")
+	}
+	if args := await.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--await-only") || !slices.Contains(args, string(action.UID)) {
+		t.Fatalf("second Job args %q, want --await-only with the request id", args)
+	}
+	h.must(clustersim.CompleteJobWithMessage(h.ctx, k8s, await, actionReportJSON(t, ActionReport{
+		Action: "Consume", Target: "message OrderPaid/order-42-paid", Recorded: true,
+		Executed: true, Outcome: OutcomeExecuted, Detail: "delivered; the message is PROCESSED (it was FAILED)"})))
+	h.reconcileAction("consume-42")
+	st = h.getAction("consume-42").Status
+	if st.Phase != v1alpha1.ActionExecuted || !strings.Contains(st.Message, "delivered; the message is PROCESSED") {
+		t.Fatalf("status = %+v, want Executed with what the consumer did", st)
+	}
+	h.expectExecuted("consume-42", metav1.ConditionTrue, reasonExecuted)
+	if notes := h.events("consume-42", reasonExecuted); len(notes) == 0 {
+		t.Error("no Executed Event about the action")
 	}
 
 	h.reconcileAction("consume-42") // final: nothing more happens, nothing is deleted
-	if jobs := h.jobs("orders", componentAction); len(jobs) != 1 || jobs[0].Name != job.Name || !jobs[0].DeletionTimestamp.IsZero() {
-		t.Fatalf("action Jobs after the action was recorded = %d, want the one Job, kept", len(jobs))
+	if jobs := h.jobs("orders", componentAction); len(jobs) != 2 {
+		t.Fatalf("action Jobs after the action was executed = %d, want the two Jobs, kept", len(jobs))
 	}
-	h.expectAction("consume-42", v1alpha1.ActionRecorded, reasonRecorded)
+}
+
+func TestActionThatFailedWhenExecutedEndsFailedWithTheReason(t *testing.T) {
+	h := newHarness(t)
+	h.create("orders", nil)
+	h.consumeAction("consume-42", "orders")
+	h.reconcileAction("consume-42")
+	job := h.onlyJob("orders", componentAction)
+	h.must(clustersim.CompleteJobWithMessage(h.ctx, k8s, job, actionReportJSON(t, ActionReport{
+		Action: "Consume", Target: "message OrderPaid/order-42-paid", Recorded: true,
+		Executed: true, Outcome: OutcomeFailed, Detail: "delivery failed: sink returned 500"})))
+	h.reconcileAction("consume-42")
+	st := h.getAction("consume-42").Status
+	if st.Phase != v1alpha1.ActionFailed || !strings.Contains(st.Message, "sink returned 500") {
+		t.Fatalf("status = %+v, want Failed with the consumer's reason", st)
+	}
+	h.expectExecuted("consume-42", metav1.ConditionFalse, reasonExecutionFailed)
+}
+
+// expectExecuted asserts the action's Executed condition.
+func (h *harness) expectExecuted(name string, status metav1.ConditionStatus, reason string) {
+	h.t.Helper()
+	c := meta.FindStatusCondition(h.getAction(name).Status.Conditions, v1alpha1.ConditionExecuted)
+	if c == nil || c.Status != status || c.Reason != reason {
+		h.t.Fatalf("action %s: Executed condition %+v, want %s/%s", name, c, status, reason)
+	}
 }
 
 func TestInstanceActionRunsWithTheInstanceTarget(t *testing.T) {
@@ -150,7 +205,8 @@ func TestInstanceActionRunsWithTheInstanceTarget(t *testing.T) {
 
 	c := h.onlyJob("orders", componentAction).Spec.Template.Spec.Containers[0]
 	wantArgs := []string{"action", "--output", "json", "--termination-message-path", "/dev/termination-log",
-		"--action", "Close", "--sequence", "order", "--context-id", "41"}
+		"--action", "Close", "--request-id", string(h.getAction("close-41").UID), "--wait", actionWait.String(),
+		"--sequence", "order", "--context-id", "41"}
 	if !slices.Equal(c.Args, wantArgs) || c.Image != imageV1 {
 		t.Fatalf("container = %s %q, want the default image %s with %q", c.Image, c.Args, imageV1, wantArgs)
 	}
@@ -274,11 +330,11 @@ func TestActionJobNameFitsThePodLabel(t *testing.T) {
 	action := &v1alpha1.SequentialInboxAction{ObjectMeta: metav1.ObjectMeta{UID: "0b5c5d1e-7d9f-4c1a-9c2b-3f4e5a6b7c8d"}}
 	other := &v1alpha1.SequentialInboxAction{ObjectMeta: metav1.ObjectMeta{UID: "1b5c5d1e-7d9f-4c1a-9c2b-3f4e5a6b7c8d"}}
 
-	name := actionJobName(inbox, action)
+	name := actionJobName(inbox, action, 999)
 	if len(name) > 63 || !strings.HasPrefix(name, inbox.Name+"-action-") {
 		t.Fatalf("job name %q (%d characters), want <inbox>-action-... within 63", name, len(name))
 	}
-	if name == actionJobName(inbox, other) {
+	if name == actionJobName(inbox, other, 999) {
 		t.Fatal("two actions share a Job name")
 	}
 }

@@ -35,53 +35,142 @@ const (
 // ErrNotFound reports that the message or instance an action names does not exist.
 var ErrNotFound = errors.New("not found")
 
-// Execer runs one statement; *pgxpool.Pool, *pgx.Conn and pgx.Tx have it.
-type Execer interface {
+// DB runs single statements; *pgxpool.Pool, *pgx.Conn and pgx.Tx have it.
+type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// Outcomes of an executed request, as operator_action.outcome stores them.
+const (
+	// OutcomeExecuted says the action ran and did its work (Detail says what).
+	OutcomeExecuted = "Executed"
+	// OutcomeFailed says the action ran and could not do its work (Detail says why).
+	OutcomeFailed = "Failed"
+	// OutcomeSuperseded says another request replaced it on the same target before it ran.
+	OutcomeSuperseded = "Superseded"
+)
+
 // requestMessageActionSQL records an action on the row that stands for the logical message, the
-// same row the claim lookup picks among historical duplicates.
-const requestMessageActionSQL = `UPDATE sequenced_message SET pending_action = $3
-WHERE id = (` + lookupMessageIDSQL + `)`
+// same row the claim lookup picks among historical duplicates. With a request id ($4) it also
+// records the request ($5 names the target), and marks a request it replaces as superseded.
+const requestMessageActionSQL = `WITH target AS (
+  SELECT id, pending_action_id FROM sequenced_message WHERE id = (` + lookupMessageIDSQL + `) FOR NO KEY UPDATE
+), superseded AS (
+  UPDATE operator_action o SET outcome = 'Superseded', executed_at = now(),
+    detail = 'replaced by request ' || $4 || ' on the same message before a consumer ran it'
+  FROM target WHERE o.request_id = target.pending_action_id AND o.outcome IS NULL AND target.pending_action_id <> $4
+), m AS (
+  UPDATE sequenced_message s SET pending_action = $3, pending_action_id = nullif($4, '')
+  FROM target WHERE s.id = target.id
+  RETURNING s.id
+), request AS (
+  INSERT INTO operator_action (request_id, action, target) SELECT $4, $3, $5 FROM m WHERE $4 <> ''
+)
+SELECT count(*) FROM m`
 
 const lookupMessageIDSQL = `SELECT id FROM sequenced_message
 WHERE idempotence_id = $2 AND message_type = $1
 ORDER BY CASE state WHEN 'PROCESSED' THEN 0 WHEN 'WAITING' THEN 1 ELSE 2 END, id DESC
 LIMIT 1`
 
+// knownRequestSQL tells whether a request was recorded already (a rerun of its Job).
+const knownRequestSQL = `SELECT EXISTS (SELECT 1 FROM operator_action WHERE request_id = $1)`
+
 // RequestMessageAction records a pending action on the message (qualified type, idempotence
-// ID); a consumer executes it in RunPendingActions.
-func RequestMessageAction(ctx context.Context, db Execer, qualifiedType, idempotenceID string, a MessageAction) error {
+// ID); a consumer executes it in RunPendingActions. requestID, when not empty, names the request
+// for ActionResultOf; recording the same request twice records it once.
+func RequestMessageAction(ctx context.Context, db DB, requestID, qualifiedType, idempotenceID string, a MessageAction) error {
 	if a != ActionConsume && a != ActionExpire {
 		return fmt.Errorf("request %s on %s/%s: unknown message action", a, qualifiedType, idempotenceID)
 	}
-	tag, err := db.Exec(ctx, requestMessageActionSQL, qualifiedType, idempotenceID, string(a))
+	if known, err := requestKnown(ctx, db, requestID); err != nil || known {
+		return err
+	}
+	var n int
+	err := db.QueryRow(ctx, requestMessageActionSQL, qualifiedType, idempotenceID, string(a), requestID,
+		"message "+qualifiedType+"/"+idempotenceID).Scan(&n)
 	if err != nil {
 		return fmt.Errorf("request %s on %s/%s: %w", a, qualifiedType, idempotenceID, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return fmt.Errorf("request %s on %s/%s: message %w", a, qualifiedType, idempotenceID, ErrNotFound)
 	}
 	return nil
 }
 
-const requestInstanceActionSQL = `UPDATE sequence_instance SET pending_action = $3 WHERE name = $1 AND context_id = $2`
+func requestKnown(ctx context.Context, db DB, requestID string) (bool, error) {
+	if requestID == "" {
+		return false, nil
+	}
+	var known bool
+	if err := db.QueryRow(ctx, knownRequestSQL, requestID).Scan(&known); err != nil {
+		return false, fmt.Errorf("request %s: %w", requestID, err)
+	}
+	return known, nil
+}
+
+// requestInstanceActionSQL is requestMessageActionSQL for an instance.
+const requestInstanceActionSQL = `WITH target AS (
+  SELECT id, pending_action_id FROM sequence_instance WHERE name = $1 AND context_id = $2 FOR NO KEY UPDATE
+), superseded AS (
+  UPDATE operator_action o SET outcome = 'Superseded', executed_at = now(),
+    detail = 'replaced by request ' || $4 || ' on the same instance before a consumer ran it'
+  FROM target WHERE o.request_id = target.pending_action_id AND o.outcome IS NULL AND target.pending_action_id <> $4
+), i AS (
+  UPDATE sequence_instance s SET pending_action = $3, pending_action_id = nullif($4, '')
+  FROM target WHERE s.id = target.id
+  RETURNING s.id
+), request AS (
+  INSERT INTO operator_action (request_id, action, target) SELECT $4, $3, $5 FROM i WHERE $4 <> ''
+)
+SELECT count(*) FROM i`
 
 // RequestInstanceAction records a pending action on the instance (sequence, context ID); a
-// consumer executes it in RunPendingActions.
-func RequestInstanceAction(ctx context.Context, db Execer, sequence, contextID string, a InstanceAction) error {
+// consumer executes it in RunPendingActions. requestID is as for RequestMessageAction.
+func RequestInstanceAction(ctx context.Context, db DB, requestID, sequence, contextID string, a InstanceAction) error {
 	if a != ActionConsumeAll && a != ActionClose {
 		return fmt.Errorf("request %s on %s/%s: unknown instance action", a, sequence, contextID)
 	}
-	tag, err := db.Exec(ctx, requestInstanceActionSQL, sequence, contextID, string(a))
+	if known, err := requestKnown(ctx, db, requestID); err != nil || known {
+		return err
+	}
+	var n int
+	err := db.QueryRow(ctx, requestInstanceActionSQL, sequence, contextID, string(a), requestID,
+		"instance "+sequence+"/"+contextID).Scan(&n)
 	if err != nil {
 		return fmt.Errorf("request %s on %s/%s: %w", a, sequence, contextID, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return fmt.Errorf("request %s on %s/%s: instance %w", a, sequence, contextID, ErrNotFound)
 	}
 	return nil
+}
+
+// ActionResult is what became of a recorded request.
+type ActionResult struct {
+	// Done is false while the request waits for a consumer.
+	Done bool
+	// Outcome is OutcomeExecuted, OutcomeFailed or OutcomeSuperseded once Done.
+	Outcome string
+	// Detail says, for a person, what the action did or why it could not.
+	Detail string
+}
+
+const actionResultSQL = `SELECT outcome IS NOT NULL, coalesce(outcome, ''), coalesce(detail, '')
+FROM operator_action WHERE request_id = $1`
+
+// ActionResultOf reads what became of the request; ErrNotFound when it was never recorded.
+func ActionResultOf(ctx context.Context, db DB, requestID string) (ActionResult, error) {
+	var r ActionResult
+	err := db.QueryRow(ctx, actionResultSQL, requestID).Scan(&r.Done, &r.Outcome, &r.Detail)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, fmt.Errorf("request %s: %w", requestID, ErrNotFound)
+	}
+	if err != nil {
+		return r, fmt.Errorf("request %s: %w", requestID, err)
+	}
+	return r, nil
 }
 
 // pendingInstancesSQL finds instances with a pending action on themselves or on a message.
@@ -127,7 +216,8 @@ func (e *Engine) RunPendingActions(ctx context.Context, dl DeadLetterer) (int, e
 }
 
 // pendingMessageActionsSQL lists the message actions of an instance in message order.
-const pendingMessageActionsSQL = `SELECT id, message_type, idempotence_id, pending_action FROM sequenced_message
+const pendingMessageActionsSQL = `SELECT id, message_type, idempotence_id, pending_action, coalesce(pending_action_id, '')
+FROM sequenced_message
 WHERE sequence_instance_id = $1 AND pending_action IS NOT NULL
 ORDER BY id`
 
@@ -159,9 +249,16 @@ const dropClaimSQL = `DELETE FROM sequential_inbox_idempotence c USING sequenced
 WHERE m.id = $1 AND c.message_type = m.message_type AND c.idempotence_id = m.idempotence_id`
 
 // clearMessageActionSQL clears an executed action, unless another one was recorded meanwhile.
-const clearMessageActionSQL = `UPDATE sequenced_message SET pending_action = NULL WHERE id = $1 AND pending_action = $2`
+const clearMessageActionSQL = `UPDATE sequenced_message SET pending_action = NULL, pending_action_id = NULL
+WHERE id = $1 AND pending_action = $2 AND coalesce(pending_action_id, '') = $3`
 
-const clearInstanceActionSQL = `UPDATE sequence_instance SET pending_action = NULL WHERE id = $1`
+// clearInstanceActionSQL is clearMessageActionSQL for an instance.
+const clearInstanceActionSQL = `UPDATE sequence_instance SET pending_action = NULL, pending_action_id = NULL
+WHERE id = $1 AND coalesce(pending_action_id, '') = $2`
+
+// reportActionSQL writes the outcome of an executed request.
+const reportActionSQL = `UPDATE operator_action SET outcome = $2, detail = $3, executed_at = now()
+WHERE request_id = $1 AND outcome IS NULL`
 
 // runActionsUnderInstanceLock executes the pending actions of one instance in one transaction
 // that holds the instance's release lock: message actions in message order, then the instance
@@ -199,6 +296,18 @@ type pendingMessageAction struct {
 	id                           int64
 	qualifiedType, idempotenceID string
 	action                       MessageAction
+	requestID                    string
+}
+
+// actionOutcome is what an executed action reports (operator_action.outcome and detail).
+type actionOutcome struct{ outcome, detail string }
+
+func executed(format string, args ...any) actionOutcome {
+	return actionOutcome{OutcomeExecuted, fmt.Sprintf(format, args...)}
+}
+
+func failed(format string, args ...any) actionOutcome {
+	return actionOutcome{OutcomeFailed, fmt.Sprintf(format, args...)}
 }
 
 func (li *lockedInstance) runActions(ctx context.Context) (int, error) {
@@ -208,7 +317,7 @@ func (li *lockedInstance) runActions(ctx context.Context) (int, error) {
 	}
 	actions, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pendingMessageAction, error) {
 		var a pendingMessageAction
-		err := r.Scan(&a.id, &a.qualifiedType, &a.idempotenceID, &a.action)
+		err := r.Scan(&a.id, &a.qualifiedType, &a.idempotenceID, &a.action, &a.requestID)
 		return a, err
 	})
 	if err != nil {
@@ -287,24 +396,30 @@ func (li *lockedInstance) runMessageAction(ctx context.Context, a pendingMessage
 	if err != nil {
 		return err
 	}
-	var w stateWrite
+	var (
+		w   stateWrite
+		out actionOutcome
+	)
 	switch {
 	case !found:
-		li.e.log.Info("action's message is gone", "action", a.action, "messageId", a.id, "sequence", li.name, "context", li.contextID)
+		out = failed("the message no longer exists")
 	case a.action == ActionExpire && stored.state != stateProcessed:
 		w = stateWrite{id: stored.id, from: stored.state, to: stateProcessed}
+		out = executed("marked PROCESSED without delivery (it was %s); its dependents are releasable", stored.state)
 	case a.action == ActionExpire:
-		li.e.log.Info("EXPIRE of a PROCESSED message changes nothing", "messageId", stored.id, "sequence", li.name, "context", li.contextID)
+		out = executed("the message was PROCESSED already; nothing to do")
 	case a.action == ActionConsume:
 		return li.consume(ctx, a, stored)
 	default:
-		li.e.log.Info("unknown message action cleared", "action", a.action, "messageId", a.id, "sequence", li.name, "context", li.contextID)
+		out = failed("unknown message action %q", a.action)
 	}
+	li.e.log.Info("message action executed", "action", a.action, "messageId", a.id, "sequence", li.name,
+		"context", li.contextID, "outcome", out.outcome, "detail", out.detail)
 	stateConn, err := li.acquireStateConn(ctx)
 	if err != nil {
 		return err
 	}
-	if err := finishMessageActionInNewTx(ctx, stateConn, w, a); err != nil {
+	if err := finishMessageActionInNewTx(ctx, stateConn, w, a, out); err != nil {
 		return err
 	}
 	return li.endSavepoint(ctx, releaseSavepointSQL)
@@ -318,20 +433,23 @@ func (li *lockedInstance) consume(ctx context.Context, a pendingMessageAction, s
 	}
 	switch {
 	case d.listenerErr == nil:
-		if err := finishMessageActionInNewTx(ctx, d.stateConn, stateWrite{id: stored.id, from: stored.state, to: stateProcessed}, a); err != nil {
+		out := executed("delivered; the message is PROCESSED (it was %s)", stored.state)
+		if err := finishMessageActionInNewTx(ctx, d.stateConn, stateWrite{id: stored.id, from: stored.state, to: stateProcessed}, a, out); err != nil {
 			return err
 		}
 		return li.endSavepoint(ctx, releaseSavepointSQL)
 	case stored.state == stateProcessed:
 		li.e.log.Info("CONSUME of a PROCESSED message failed; it stays PROCESSED", "messageId", stored.id,
 			"sequence", li.name, "context", li.contextID, "error", d.listenerErr.Error())
-		if err := finishMessageActionInNewTx(ctx, d.stateConn, stateWrite{}, a); err != nil {
+		out := failed("delivery failed: %v; the message stays PROCESSED", d.listenerErr)
+		if err := finishMessageActionInNewTx(ctx, d.stateConn, stateWrite{}, a, out); err != nil {
 			return err
 		}
 		return li.endSavepoint(ctx, releaseSavepointSQL)
 	default:
 		w := stateWrite{id: stored.id, from: stored.state, to: stateFailed, dropClaim: true}
-		if err := finishMessageActionInNewTx(ctx, d.stateConn, w, a); err != nil {
+		out := failed("delivery failed: %v; the message is FAILED without claim and goes to the dead-letter topic, so that a resend can retry it", d.listenerErr)
+		if err := finishMessageActionInNewTx(ctx, d.stateConn, w, a, out); err != nil {
 			return err
 		}
 		li.failures = append(li.failures, Failure{Message: d.stored.msg, Origin: d.stored.msg.Record.Origin, Err: d.listenerErr})
@@ -363,7 +481,7 @@ type stateWrite struct {
 // transaction on the state connection, which commits before the action transaction (and its
 // claim). A row no longer in the expected state fails the whole action run: nothing is written,
 // the action stays pending, and the next run sees the new state.
-func finishMessageActionInNewTx(ctx context.Context, conn *pgxpool.Conn, w stateWrite, a pendingMessageAction) error {
+func finishMessageActionInNewTx(ctx context.Context, conn *pgxpool.Conn, w stateWrite, a pendingMessageAction, out actionOutcome) error {
 	return pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if w.id != 0 {
 			tag, err := tx.Exec(ctx, expectStateSQL, w.id, w.from, w.to)
@@ -379,8 +497,11 @@ func finishMessageActionInNewTx(ctx context.Context, conn *pgxpool.Conn, w state
 				}
 			}
 		}
-		if _, err := tx.Exec(ctx, clearMessageActionSQL, a.id, string(a.action)); err != nil {
+		if _, err := tx.Exec(ctx, clearMessageActionSQL, a.id, string(a.action), a.requestID); err != nil {
 			return fmt.Errorf("clear action: %w", err)
+		}
+		if _, err := tx.Exec(ctx, reportActionSQL, a.requestID, out.outcome, out.detail); err != nil {
+			return fmt.Errorf("report action: %w", err)
 		}
 		return nil
 	})
@@ -391,38 +512,51 @@ func (li *lockedInstance) runInstanceAction(ctx context.Context, a InstanceActio
 		return err
 	}
 	st := li.state
+	var out actionOutcome
 	switch a {
 	case ActionConsumeAll:
+		failuresBefore := len(li.failures)
 		for _, w := range st.waiting {
 			if err := li.deliverStored(ctx, w.id); err != nil {
 				return err
 			}
 		}
+		out = executed("%d buffered message(s) delivered, %d failed (dead-lettered, retryable by a resend)",
+			len(st.waiting)-(len(li.failures)-failuresBefore), len(li.failures)-failuresBefore)
 	case ActionClose:
 		stateConn, err := li.acquireStateConn(ctx)
 		if err != nil {
 			return err
 		}
+		n := 0
 		for _, w := range st.waiting {
 			s, err := li.load(ctx, w.id)
 			if err != nil {
 				return err
 			}
-			var n int
-			if err := stateConn.QueryRow(ctx, markReleaseFailedSQL, w.id, stateWaiting).Scan(&n); err != nil {
+			var failed int
+			if err := stateConn.QueryRow(ctx, markReleaseFailedSQL, w.id, stateWaiting).Scan(&failed); err != nil {
 				return fmt.Errorf("fail message %d: %w", w.id, err)
 			}
-			if n == 1 {
+			if failed == 1 {
+				n++
 				li.failures = append(li.failures, Failure{Message: s.msg, Origin: s.msg.Record.Origin,
 					Err: errors.New("sequence closed without delivery")})
 			}
 		}
 		li.close()
+		out = executed("instance closed; %d buffered message(s) FAILED and dead-lettered without delivery", n)
 	default:
-		li.e.log.Info("unknown instance action cleared", "action", a, "sequence", li.name, "context", li.contextID)
+		out = failed("unknown instance action %q", a)
 	}
-	if _, err := li.conn.Exec(ctx, clearInstanceActionSQL, li.id); err != nil {
+	li.e.log.Info("instance action executed", "action", a, "sequence", li.name, "context", li.contextID,
+		"outcome", out.outcome, "detail", out.detail)
+	b := &pgx.Batch{}
+	b.Queue(clearInstanceActionSQL, li.id, li.actionID)
+	b.Queue(reportActionSQL, li.actionID, out.outcome, out.detail)
+	if err := li.conn.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("clear instance action: %w", err)
 	}
+	li.idleSince = time.Now()
 	return nil
 }

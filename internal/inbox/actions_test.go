@@ -27,7 +27,7 @@ func TestConsumeActionDeliversWaitingMessageThenReleasesItsDependents(t *testing
 	h := newHarness(t, chainSet())
 	h.process(h.rec("B", "b1", "x"))
 	h.process(h.rec("C", "c1", "x"))
-	if err := RequestMessageAction(context.Background(), h.pool, "B", h.prefix+"b1", ActionConsume); err != nil {
+	if err := RequestMessageAction(context.Background(), h.pool, "", "B", h.prefix+"b1", ActionConsume); err != nil {
 		t.Fatal(err)
 	}
 	h.runActions(1)
@@ -57,7 +57,7 @@ func TestConsumeActionRetriesAFailedBufferedMessageUnderItsClaim(t *testing.T) {
 	})
 	h.process(h.rec("A", "a1", "x"))
 	h.listener.setBehaviour(nil)
-	if err := RequestMessageAction(context.Background(), h.pool, "B", h.prefix+"b1", ActionConsume); err != nil {
+	if err := RequestMessageAction(context.Background(), h.pool, "", "B", h.prefix+"b1", ActionConsume); err != nil {
 		t.Fatal(err)
 	}
 	h.runActions(1)
@@ -77,7 +77,7 @@ func TestExpireActionMarksProcessedWithoutDeliveryAndReleasesDependents(t *testi
 	h.process(h.rec("B", "b1", "x"))
 	callsBefore := h.listener.callCount()
 
-	if err := RequestMessageAction(context.Background(), h.pool, "A", h.prefix+"a1", ActionExpire); err != nil {
+	if err := RequestMessageAction(context.Background(), h.pool, "", "A", h.prefix+"a1", ActionExpire); err != nil {
 		t.Fatal(err)
 	}
 	h.runActions(1)
@@ -96,7 +96,7 @@ func TestConsumeAllDeliversEveryBufferedMessageIgnoringConditions(t *testing.T) 
 	h := newHarness(t, chainSet())
 	h.process(h.rec("C", "c1", "x"))
 	h.process(h.rec("B", "b1", "x"))
-	if err := RequestInstanceAction(context.Background(), h.pool, "chain", h.ctxID("x"), ActionConsumeAll); err != nil {
+	if err := RequestInstanceAction(context.Background(), h.pool, "", "chain", h.ctxID("x"), ActionConsumeAll); err != nil {
 		t.Fatal(err)
 	}
 	h.runActions(1)
@@ -115,7 +115,7 @@ func TestCloseActionClosesWithoutDeliveringAndDeadLettersTheBuffered(t *testing.
 	h := newHarness(t, chainSet())
 	b := h.rec("B", "b1", "x")
 	h.process(b)
-	if err := RequestInstanceAction(context.Background(), h.pool, "chain", h.ctxID("x"), ActionClose); err != nil {
+	if err := RequestInstanceAction(context.Background(), h.pool, "", "chain", h.ctxID("x"), ActionClose); err != nil {
 		t.Fatal(err)
 	}
 	dl := h.runActions(1)
@@ -136,17 +136,17 @@ func TestCloseActionClosesWithoutDeliveringAndDeadLettersTheBuffered(t *testing.
 func TestActionRequestsNameExistingTargets(t *testing.T) {
 	h := newHarness(t, chainSet())
 	ctx := context.Background()
-	if err := RequestMessageAction(ctx, h.pool, "A", h.prefix+"missing", ActionExpire); !errors.Is(err, ErrNotFound) {
+	if err := RequestMessageAction(ctx, h.pool, "", "A", h.prefix+"missing", ActionExpire); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("message action on a missing message: %v, want ErrNotFound", err)
 	}
-	if err := RequestInstanceAction(ctx, h.pool, "chain", h.ctxID("missing"), ActionClose); !errors.Is(err, ErrNotFound) {
+	if err := RequestInstanceAction(ctx, h.pool, "", "chain", h.ctxID("missing"), ActionClose); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("instance action on a missing instance: %v, want ErrNotFound", err)
 	}
 	h.process(h.rec("A", "a1", "x"))
-	if err := RequestMessageAction(ctx, h.pool, "A", h.prefix+"a1", MessageAction("DROP")); err == nil {
+	if err := RequestMessageAction(ctx, h.pool, "", "A", h.prefix+"a1", MessageAction("DROP")); err == nil {
 		t.Fatal("unknown message action accepted")
 	}
-	if err := RequestInstanceAction(ctx, h.pool, "chain", h.ctxID("x"), InstanceAction("DROP")); err == nil {
+	if err := RequestInstanceAction(ctx, h.pool, "", "chain", h.ctxID("x"), InstanceAction("DROP")); err == nil {
 		t.Fatal("unknown instance action accepted")
 	}
 }
@@ -154,7 +154,7 @@ func TestActionRequestsNameExistingTargets(t *testing.T) {
 func TestActionsWaitWhileAReleaseHoldsTheInstance(t *testing.T) {
 	h := newHarness(t, chainSet())
 	h.process(h.rec("B", "b1", "x"))
-	if err := RequestInstanceAction(context.Background(), h.pool, "chain", h.ctxID("x"), ActionConsumeAll); err != nil {
+	if err := RequestInstanceAction(context.Background(), h.pool, "", "chain", h.ctxID("x"), ActionConsumeAll); err != nil {
 		t.Fatal(err)
 	}
 	tx := h.lockInstanceInTx("chain", "x", lockInstanceSQL)

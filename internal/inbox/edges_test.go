@@ -30,7 +30,7 @@ func rejectType(l *testListener, qualified string) {
 
 func (h *harness) request(qualified, idem string, a MessageAction) {
 	h.t.Helper()
-	if err := RequestMessageAction(context.Background(), h.pool, qualified, h.prefix+idem, a); err != nil {
+	if err := RequestMessageAction(context.Background(), h.pool, "", qualified, h.prefix+idem, a); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -410,5 +410,61 @@ func TestMaintenanceWaitsForAConnectionNoLongerThanItsAcquireTimeout(t *testing.
 	}
 	if res := h.process(h.rec("A", "a1", "x")); res.Outcome != Delivered {
 		t.Fatalf("record processed while the maintenance pool is exhausted = %v, want Delivered", res.Outcome)
+	}
+}
+
+func (h *harness) result(requestID string) ActionResult {
+	h.t.Helper()
+	r, err := ActionResultOf(context.Background(), h.pool, h.prefix+requestID)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return r
+}
+
+func TestExecutedActionsReportTheirOutcome(t *testing.T) {
+	h := newHarness(t, chainSet())
+	ctx := context.Background()
+	rejectType(h.listener, "A")
+	h.process(h.rec("A", "a1", "x"))
+	h.process(h.rec("B", "b1", "x"))
+	h.process(h.rec("C", "c1", "y"))
+	for _, r := range []struct{ id, typ, idem string }{{"consume-a", "A", "a1"}, {"expire-b", "B", "b1"}} {
+		if err := RequestMessageAction(ctx, h.pool, h.prefix+r.id, r.typ, h.prefix+r.idem, ActionConsume); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A second request on B replaces the first before it ran.
+	if err := RequestMessageAction(ctx, h.pool, h.prefix+"expire-b-2", "B", h.prefix+"b1", ActionExpire); err != nil {
+		t.Fatal(err)
+	}
+	if err := RequestInstanceAction(ctx, h.pool, h.prefix+"close-y", "chain", h.ctxID("y"), ActionClose); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.result("consume-a"); r.Done {
+		t.Fatalf("result before any run = %+v, want not done", r)
+	}
+	if r := h.result("expire-b"); r.Outcome != OutcomeSuperseded || !strings.Contains(r.Detail, h.prefix+"expire-b-2") {
+		t.Fatalf("replaced request = %+v, want Superseded naming its successor", r)
+	}
+	// Recording a request again (a rerun of its Job) changes nothing.
+	if err := RequestMessageAction(ctx, h.pool, h.prefix+"expire-b", "B", h.prefix+"b1", ActionConsume); err != nil {
+		t.Fatal(err)
+	}
+	h.runActionsUntilDone(&recordingDeadLetterer{})
+	if r := h.result("consume-a"); !r.Done || r.Outcome != OutcomeFailed || !strings.Contains(r.Detail, "rejected by the sink") {
+		t.Fatalf("failed CONSUME = %+v, want Failed with the sink's error", r)
+	}
+	if r := h.result("expire-b-2"); r.Outcome != OutcomeExecuted || !strings.Contains(r.Detail, "marked PROCESSED without delivery") {
+		t.Fatalf("EXPIRE = %+v, want Executed", r)
+	}
+	if r := h.result("close-y"); r.Outcome != OutcomeExecuted || !strings.Contains(r.Detail, "1 buffered message(s) FAILED") {
+		t.Fatalf("CLOSE = %+v, want Executed naming the dead-lettered message", r)
+	}
+	if s := h.states("B", "b1"); !slices.Equal(s, []string{stateProcessed}) {
+		t.Fatalf("B = %v, want PROCESSED by the EXPIRE, the superseded CONSUME never ran", s)
+	}
+	if _, err := ActionResultOf(ctx, h.pool, h.prefix+"never"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("result of an unknown request: %v, want ErrNotFound", err)
 	}
 }

@@ -17,7 +17,7 @@ import (
 // which FOR UPDATE would conflict with, so a release would wait for every in-flight T1 of the
 // instance and buffering would stall behind a release (SPEC §3.5). FOR NO KEY UPDATE only
 // conflicts with itself and stronger locks, which is what serializes releases and actions.
-const lockInstanceSQL = `SELECT name, context_id, state = 'OPEN', pending_action
+const lockInstanceSQL = `SELECT name, context_id, state = 'OPEN', pending_action, coalesce(pending_action_id, '')
 FROM sequence_instance WHERE id = $1
 FOR NO KEY UPDATE`
 
@@ -72,6 +72,8 @@ type lockedInstance struct {
 	contextID string
 	open      bool
 	action    *string
+	// actionID is the request id of the pending instance action ('' without one).
+	actionID string
 	// closing is set when the instance is to be closed; the update goes with the commit.
 	closing bool
 	// state is the instance state read last inside the lock transaction.
@@ -125,7 +127,7 @@ func (e *Engine) lockInstance(ctx context.Context, conn *pgxpool.Conn, pool *pgx
 		if _, err := br.Exec(); err != nil {
 			return false, fmt.Errorf("set lock lease: %w", err)
 		}
-		err := br.QueryRow().Scan(&li.name, &li.contextID, &li.open, &li.action)
+		err := br.QueryRow().Scan(&li.name, &li.contextID, &li.open, &li.action, &li.actionID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, nil
 		}
