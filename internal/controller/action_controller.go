@@ -153,7 +153,7 @@ func (a *ActionReconciler) record(ctx context.Context, action *v1alpha1.Sequenti
 		// This Job's wait ended before a consumer ran the action (seen at the last pass): the next
 		// Job awaits it.
 		action.Status.Attempt = attempt + 1
-		return ctrl.Result{Requeue: true}, nil
+		return ctrl.Result{RequeueAfter: time.Second}, nil
 	case reportErr == nil && report.Recorded && !failed:
 		a.setStatus(action, v1alpha1.ActionRecorded, metav1.ConditionTrue, reasonRecorded, fmt.Sprintf(
 			"%s on %s recorded by Job %s; no consumer executed it within %s (are the consumers running?); the operator looks again.",
