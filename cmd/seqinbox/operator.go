@@ -13,7 +13,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/controller"
@@ -31,11 +30,13 @@ func defaultImage() string {
 
 // operatorOptions are the flags of `seqinbox operator`.
 type operatorOptions struct {
-	serving     servingFlags
-	leaderElect bool
-	image       string
-	kubeconfig  string
-	log         zap.Options
+	serving       servingFlags
+	metricsSecure bool
+	enableHTTP2   bool
+	leaderElect   bool
+	image         string
+	kubeconfig    string
+	log           zap.Options
 }
 
 func newOperatorCommand() *cobra.Command {
@@ -53,13 +54,18 @@ in-cluster configuration of its pod.`,
   seqinbox operator
 
   # As the install bundle runs it
-  seqinbox operator --leader-elect --metrics-bind-address :8080 --health-probe-bind-address :8081`,
+  seqinbox operator --leader-elect --metrics-bind-address :8443 --health-probe-bind-address :8081
+
+  # Plain HTTP metrics for a local run, without authentication
+  seqinbox operator --metrics-secure=false --metrics-bind-address :8080`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runOperator(cmd, opts)
 		},
 	}
-	opts.serving.add(cmd.Flags(), ":8080", ":8081")
+	opts.serving.add(cmd.Flags(), ":8443", ":8081")
+	cmd.Flags().BoolVar(&opts.metricsSecure, "metrics-secure", true, "serve metrics over HTTPS to authenticated and authorized scrapers only (GET /metrics)")
+	cmd.Flags().BoolVar(&opts.enableHTTP2, "enable-http2", false, "allow HTTP/2 on the metrics endpoint (off: HTTP/2 stream resets are a denial-of-service risk)")
 	cmd.Flags().BoolVar(&opts.leaderElect, "leader-elect", false, "elect one active manager among the replicas (a Lease in the operator's namespace)")
 	cmd.Flags().StringVar(&opts.image, "default-image", defaultImage(), "image of consumers and Jobs when spec.image is empty (env SEQINBOX_IMAGE)")
 	cmd.Flags().StringVar(&opts.kubeconfig, "kubeconfig", "", "kubeconfig file of the cluster (default: $KUBECONFIG, ~/.kube/config, the pod's in-cluster configuration)")
@@ -84,7 +90,7 @@ func runOperator(cmd *cobra.Command, opts operatorOptions) error {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
 		Cache:                         controller.CacheOptions(),
-		Metrics:                       metricsserver.Options{BindAddress: opts.serving.metricsAddr},
+		Metrics:                       controller.MetricsServerOptions(opts.serving.metricsAddr, opts.metricsSecure, opts.enableHTTP2),
 		HealthProbeBindAddress:        opts.serving.healthAddr,
 		LeaderElection:                opts.leaderElect,
 		LeaderElectionID:              "seqinbox-operator.inbox.seqinbox.dev",

@@ -6,20 +6,26 @@ package install
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"io/fs"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -27,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -34,7 +41,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/controller"
@@ -133,8 +139,8 @@ func TestInstallBundleIsAcceptedAndItsRBACRunsTheOperator(t *testing.T) {
 			t.Errorf("%s %s is in namespace %s, want %s", obj.GetKind(), obj.GetName(), ns, namespace)
 		}
 	}
-	for kind, want := range map[string]int{"Namespace": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "ClusterRole": 3,
-		"ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1, "Deployment": 1, "Service": 1} {
+	for kind, want := range map[string]int{"Namespace": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "ClusterRole": 4,
+		"ClusterRoleBinding": 2, "Role": 1, "RoleBinding": 1, "Deployment": 1, "Service": 1} {
 		if kinds[kind] != want {
 			t.Errorf("the bundle has %d %s, want %d", kinds[kind], kind, want)
 		}
@@ -173,7 +179,8 @@ func TestInstallBundleIsAcceptedAndItsRBACRunsTheOperator(t *testing.T) {
 	}
 
 	// The operator, as its ServiceAccount with leader election, drives an inbox to Ready.
-	runOperatorAs(t, cfg, scheme, admin)
+	metricsURL := runOperatorAs(t, cfg, scheme, admin)
+	scrapeOnlyWithTheMetricsReaderRole(t, cfg, admin, metricsURL)
 	seeds := testenv.Kafka(t, 1, "orders")
 	must(t, admin.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}))
 	must(t, admin.Create(t.Context(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "shop"},
@@ -214,15 +221,16 @@ func TestInstallBundleIsAcceptedAndItsRBACRunsTheOperator(t *testing.T) {
 
 // runOperatorAs starts the operator's manager impersonating the bundle's ServiceAccount, with
 // leader election in the operator's namespace, and clustersim's stand-ins writing as admin.
-func runOperatorAs(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, admin client.Client) {
+func runOperatorAs(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, admin client.Client) (metricsURL string) {
 	t.Helper()
+	metricsAddr := freeAddress(t)
 	asOperator := rest.CopyConfig(cfg)
 	asOperator.Impersonate = rest.ImpersonationConfig{UserName: serviceAccount,
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}}
 	mgr, err := ctrl.NewManager(asOperator, ctrl.Options{
 		Scheme:                  scheme,
 		Cache:                   controller.CacheOptions(),
-		Metrics:                 metricsserver.Options{BindAddress: "0"},
+		Metrics:                 controller.MetricsServerOptions(metricsAddr, true, false),
 		HealthProbeBindAddress:  "0",
 		LeaderElection:          true,
 		LeaderElectionID:        "seqinbox-operator.inbox.seqinbox.dev",
@@ -244,6 +252,79 @@ func runOperatorAs(t *testing.T, cfg *rest.Config, scheme *runtime.Scheme, admin
 		}
 	})
 	t.Cleanup(func() { cancel(); wg.Wait() })
+	return "https://" + metricsAddr + "/metrics"
+}
+
+// freeAddress is a loopback address with a port that was free a moment ago.
+func freeAddress(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// scrapeOnlyWithTheMetricsReaderRole scrapes the operator's metrics endpoint as Prometheus
+// would: with the token of a ServiceAccount bound to the bundle's metrics-reader role it gets
+// the metrics, over HTTP/1.1 only; without a token, or with one lacking the role, it does not.
+func scrapeOnlyWithTheMetricsReaderRole(t *testing.T, cfg *rest.Config, admin client.Client, url string) {
+	t.Helper()
+	clientset, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, admin.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "monitoring"}}))
+	token := func(name string) string {
+		must(t, admin.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "monitoring"}}))
+		tr, err := clientset.CoreV1().ServiceAccounts("monitoring").CreateToken(t.Context(), name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr.Status.Token
+	}
+	scraper, stranger := token("prometheus"), token("stranger")
+	must(t, admin.Create(t.Context(), &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "prometheus-seqinbox-metrics"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "seqinbox-metrics-reader"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "prometheus", Namespace: "monitoring"}}}))
+	httpClient := &http.Client{Transport: &http.Transport{
+		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2", "http/1.1"}}, //nolint:gosec // the endpoint's certificate is self-signed
+		ForceAttemptHTTP2: true,
+	}}
+	scrape := func(token string) (int, string, string) {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := httpClient.Do(req)
+		if err != nil {
+			return 0, "", err.Error()
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Proto, string(body)
+	}
+	eventually(t, "the metrics endpoint answers the scraper", func() (bool, error) {
+		status, _, _ := scrape(scraper)
+		return status == http.StatusOK, nil
+	})
+	status, proto, body := scrape(scraper)
+	if status != http.StatusOK || !strings.Contains(body, "controller_runtime_reconcile_total") {
+		t.Errorf("scrape with the metrics-reader role = %d, want 200 with controller-runtime metrics", status)
+	}
+	if proto != "HTTP/1.1" {
+		t.Errorf("metrics served over %s, want HTTP/1.1: HTTP/2 stays off", proto)
+	}
+	if status, _, _ := scrape(""); status != http.StatusUnauthorized {
+		t.Errorf("scrape without a token = %d, want 401", status)
+	}
+	if status, _, _ := scrape(stranger); status != http.StatusForbidden {
+		t.Errorf("scrape with a token lacking the metrics-reader role = %d, want 403", status)
+	}
 }
 
 func waitEstablished(t *testing.T, c client.Client, name string) {
