@@ -273,12 +273,14 @@ func databaseURLEnv(inbox *v1alpha1.SequentialInbox) corev1.EnvVar {
 		ValueFrom: &corev1.EnvVarSource{SecretKeyRef: inbox.Spec.Database.URLSecretRef.DeepCopy()}}
 }
 
-// podSecurityContext: non-root, with the runtime's default seccomp profile.
+// podSecurityContext: non-root, with the runtime's default seccomp profile. FSGroup gives the
+// non-root user the group of the mounted configuration, whose files are 0440 and owned by root.
 func podSecurityContext() *corev1.PodSecurityContext {
 	return &corev1.PodSecurityContext{
 		RunAsNonRoot:   ptr.To(true),
 		RunAsUser:      ptr.To(int64(runAsUser)),
 		RunAsGroup:     ptr.To(int64(runAsUser)),
+		FSGroup:        ptr.To(int64(runAsUser)),
 		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
 }

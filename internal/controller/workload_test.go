@@ -169,3 +169,23 @@ func TestJobsRunMigrateFromTheTargetImageWithoutJobRetries(t *testing.T) {
 		t.Errorf("the longest Job name has %d characters; a pod label holds 63", got)
 	}
 }
+
+// The kubelet writes projected files owned by root, with the group fsGroup when the pod sets one.
+// A consumer running as a non-root user reads its configuration only through that group or the
+// "other" bits; on a real cluster a pod without fsGroup failed with "permission denied".
+func TestConsumerUserCanReadTheMountedConfiguration(t *testing.T) {
+	pod := consumerDeployment(renderScope()).Spec.Template.Spec
+	var mode int32 = 0o644
+	for _, v := range pod.Volumes {
+		if v.Projected != nil {
+			mode = ptr.Deref(v.Projected.DefaultMode, 0o644)
+		}
+	}
+	sc := pod.SecurityContext
+	uid, gid := ptr.Deref(sc.RunAsUser, 0), ptr.Deref(sc.RunAsGroup, 0)
+	readable := mode&0o004 != 0 || uid == 0 ||
+		(sc.FSGroup != nil && *sc.FSGroup == gid && mode&0o040 != 0)
+	if !readable {
+		t.Fatalf("config files mode %#o owned by root, fsGroup %v; user %d group %d cannot read them", mode, sc.FSGroup, uid, gid)
+	}
+}
