@@ -47,10 +47,11 @@ fmt: ## Format the code.
 	go fmt ./...
 
 .PHONY: vet
-vet: ## Vet the code, with the build tags of the legacy engine and of the development commands too.
+vet: ## Vet the code, with the build tags of the legacy engine, the development commands and the e2e suite too.
 	go vet ./...
 	go vet -tags legacy ./internal/inbox/
 	go vet -tags dev ./cmd/seqinbox/...
+	go vet -tags e2e ./test/e2e/
 
 .PHONY: lint
 lint: ## Lint with golangci-lint v2 (pinned in hack/tools), also the development commands (-tags dev).
@@ -105,6 +106,21 @@ docker-build: ## Build the container image with Docker (needs a Docker engine).
 .PHONY: image
 image: ## Build the release, dev (-tags dev) and legacy-engine (-tags legacy) images without Docker, as OCI tarballs under ~/.cache/seqinbox/images.
 	VERSION=$(VERSION) COMMIT=$(COMMIT) IMG=$(IMG) hack/image.sh
+
+##@ Local cluster and end-to-end tests
+
+.PHONY: cluster-up
+cluster-up: ## Start (or check) a single-node Kubernetes cluster on this machine (root; Debian containerd, Kubernetes built from source).
+	hack/cluster/up.sh
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local cluster and remove every process, mount, network namespace and iptables rule it made.
+	hack/cluster/down.sh
+
+.PHONY: e2e
+e2e: build-installer ## End-to-end tests on the local cluster (started when it does not run): images, install bundle, real pods.
+	SEQINBOX_TEST_DATABASE_URL="$$(hack/postgres.sh)" IMG=$(IMG) VERSION=$(VERSION) COMMIT=$(COMMIT) \
+		go test -tags e2e -count=1 -timeout 60m -v ./test/e2e/
 
 .PHONY: build-installer
 build-installer: manifests generate ## Write dist/install.yaml: CRDs, RBAC and the operator Deployment.
