@@ -24,3 +24,97 @@ const (
 // ApproveRolloutAnnotation is the annotation that, set to the target engine version, lets a
 // Supervised rollout stop the running consumers of another claim protocol.
 const ApproveRolloutAnnotation = "inbox.seqinbox.dev/approve-rollout"
+
+// Reasons of the SequentialInbox conditions. They are API: scripts, alerts and docs/troubleshooting.md
+// match on them, so each constant is named as its value and a value never changes.
+const (
+	// ValidReason (ConfigValid True): the spec passed the semantic validation.
+	ValidReason = "Valid"
+	// InvalidSpecReason (ConfigValid False, Ready, Progressing): the message lists every invalid field.
+	InvalidSpecReason = "InvalidSpec"
+	// MaxPollIntervalTooShortReason (Degraded): maxPollIntervalMs cannot hold the longest release chain.
+	MaxPollIntervalTooShortReason = "MaxPollIntervalTooShort"
+	// DatabaseSecretMissingReason (SchemaReady, Degraded): the Secret with the database URL does not exist.
+	DatabaseSecretMissingReason = "DatabaseSecretMissing"
+
+	// ProbingTargetImageReason (Ready, Progressing): a dry-run Job learns the target's claim protocol.
+	ProbingTargetImageReason = "ProbingTargetImage"
+	// ProbeFailedReason (Ready, Progressing, Degraded): that Job failed.
+	ProbeFailedReason = "ProbeFailed"
+	// MigrationPendingReason (SchemaReady, Ready): the schema is not migrated for the target yet.
+	MigrationPendingReason = "MigrationPending"
+	// MigrationRunningReason (SchemaReady, Progressing): the migration Job runs.
+	MigrationRunningReason = "MigrationRunning"
+	// MigrationFailedReason (SchemaReady, Degraded): the migration Job failed; it is retried with backoff.
+	MigrationFailedReason = "MigrationFailed"
+	// MigratedReason (SchemaReady True): the schema has the version the target image needs.
+	MigratedReason = "Migrated"
+
+	// SameClaimProtocolReason (RolloutBlocked False): the target speaks the running claim protocol.
+	SameClaimProtocolReason = "SameClaimProtocol"
+	// NoOtherConsumersReason (RolloutBlocked False): no consumer of another claim protocol runs.
+	NoOtherConsumersReason = "NoOtherConsumers"
+	// AwaitingApprovalReason (RolloutBlocked): a Supervised rollout waits for ApproveRolloutAnnotation.
+	AwaitingApprovalReason = "AwaitingApproval"
+	// WaitingForOldPodsReason (RolloutBlocked): the old consumer pods are terminating.
+	WaitingForOldPodsReason = "WaitingForOldPods"
+	// WaitingForConsumerGroupReason (RolloutBlocked): the Kafka consumer group still has members.
+	WaitingForConsumerGroupReason = "WaitingForConsumerGroup"
+	// ConsumerGroupUnknownReason (RolloutBlocked): the consumer group could not be read.
+	ConsumerGroupUnknownReason = "ConsumerGroupUnknown"
+	// CheckingRegistryReason (RolloutBlocked): a Job reads the database's consumer registry.
+	CheckingRegistryReason = "CheckingRegistry"
+	// WaitingForRegistryReason (RolloutBlocked): the registry shows live consumers of another protocol.
+	WaitingForRegistryReason = "WaitingForRegistry"
+	// ConsumerGroupHeldByOtherProtocolReason (Degraded): members of another group protocol hold the group.
+	ConsumerGroupHeldByOtherProtocolReason = "ConsumerGroupHeldByOtherProtocol"
+	// KafkaAccessFailedReason (Degraded): the brokers refused or did not answer the operator, which
+	// connects with the same settings and Secrets as the consumers.
+	KafkaAccessFailedReason = "KafkaAccessFailed"
+
+	// RollingOutReason (Progressing): the consumer Deployment rolls out.
+	RollingOutReason = "RollingOut"
+	// ConsumersUnavailableReason (Ready False): the consumer Deployment is not available.
+	ConsumersUnavailableReason = "ConsumersUnavailable"
+	// DeploymentFailingReason (Degraded): the Deployment reports a failure.
+	DeploymentFailingReason = "DeploymentFailing"
+	// ConsumersReadyReason (Ready True): the consumers run and are ready.
+	ConsumersReadyReason = "ConsumersReady"
+	// ReconciledReason (Progressing False): the consumers run the spec's generation.
+	ReconciledReason = "Reconciled"
+	// AsExpectedReason (Degraded False): nothing needs attention.
+	AsExpectedReason = "AsExpected"
+	// DeletingReason (Ready, Progressing): the consumers stop before the resource goes.
+	DeletingReason = "Deleting"
+
+	// PartitionCountReason (ScalingLimited): spec.replicas exceeds the topics' partitions.
+	PartitionCountReason = "PartitionCount"
+	// ConnectionBudgetReason (ScalingLimited): spec.replicas × poolSize would exceed the connection budget.
+	ConnectionBudgetReason = "ConnectionBudget"
+	// PartitionCountUnknownReason (ScalingLimited Unknown): the partition count could not be read.
+	PartitionCountUnknownReason = "PartitionCountUnknown"
+	// WithinLimitsReason (ScalingLimited False): every requested replica runs.
+	WithinLimitsReason = "WithinLimits"
+)
+
+// Reasons of the SequentialInboxAction conditions (Recorded, Executed), named as their values.
+const (
+	// InboxNotFoundReason (Pending): no SequentialInbox of spec.inboxName in the namespace.
+	InboxNotFoundReason = "InboxNotFound"
+	// RecordingReason (Pending): the `seqinbox action` Job runs.
+	RecordingReason = "Recording"
+	// RecordedReason (Recorded): the action is pending in the database for the consumers.
+	RecordedReason = "Recorded"
+	// NotRecordedReason (Failed): the Job refused or failed; the message says why.
+	NotRecordedReason = "NotRecorded"
+	// JobLostReason (Failed): the Job disappeared before it reported.
+	JobLostReason = "JobLost"
+	// AwaitingExecutionReason (Executed False, Recorded): no consumer has run the action yet.
+	AwaitingExecutionReason = "AwaitingExecution"
+	// ExecutedReason (Executed True): a consumer ran the action and it did its work.
+	ExecutedReason = "Executed"
+	// ExecutionFailedReason (Executed False, Failed): a consumer ran the action and it could not do its work.
+	ExecutionFailedReason = "ExecutionFailed"
+	// SupersededReason (Executed False, Failed): another request replaced the action before it ran.
+	SupersededReason = "Superseded"
+)

@@ -26,23 +26,6 @@ import (
 // +kubebuilder:rbac:groups=inbox.seqinbox.dev,resources=sequentialinboxactions/status,verbs=get;patch
 // +kubebuilder:rbac:groups=inbox.seqinbox.dev,resources=sequentialinboxactions/finalizers,verbs=update
 
-// Reasons of the Recorded condition of a SequentialInboxAction.
-const (
-	reasonInboxNotFound = "InboxNotFound"
-	reasonRecording     = "Recording"
-	reasonRecorded      = "Recorded"
-	reasonNotRecorded   = "NotRecorded"
-	reasonActionJobLost = "JobLost"
-)
-
-// Reasons of the Executed condition of a SequentialInboxAction.
-const (
-	reasonAwaitingExecution = "AwaitingExecution"
-	reasonExecuted          = "Executed"
-	reasonExecutionFailed   = "ExecutionFailed"
-	reasonSuperseded        = "Superseded"
-)
-
 // actionWait is how long one action Job awaits the consumers' execution after recording; when
 // no consumer ran the action in that time the action stays Recorded and the next Job awaits it.
 const actionWait = 2 * time.Minute
@@ -102,7 +85,7 @@ func (a *ActionReconciler) record(ctx context.Context, action *v1alpha1.Sequenti
 	var inbox v1alpha1.SequentialInbox
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: action.Namespace, Name: action.Spec.InboxName}, &inbox)
 	if apierrors.IsNotFound(err) {
-		a.setStatus(action, v1alpha1.ActionPending, metav1.ConditionFalse, reasonInboxNotFound, fmt.Sprintf(
+		a.setStatus(action, v1alpha1.ActionPending, metav1.ConditionFalse, v1alpha1.InboxNotFoundReason, fmt.Sprintf(
 			"SequentialInbox %s does not exist; the action is recorded once it does.", action.Spec.InboxName))
 		return ctrl.Result{RequeueAfter: r.PollInterval}, nil
 	}
@@ -121,7 +104,7 @@ func (a *ActionReconciler) record(ctx context.Context, action *v1alpha1.Sequenti
 	}
 	if job == nil {
 		if action.Status.JobName == name {
-			a.setStatus(action, v1alpha1.ActionFailed, metav1.ConditionFalse, reasonActionJobLost, fmt.Sprintf(
+			a.setStatus(action, v1alpha1.ActionFailed, metav1.ConditionFalse, v1alpha1.JobLostReason, fmt.Sprintf(
 				"Job %s is gone before its result was read; whether the action was recorded is unknown. "+
 					"Create a new SequentialInboxAction to request it again.", name))
 			return ctrl.Result{}, nil
@@ -131,7 +114,7 @@ func (a *ActionReconciler) record(ctx context.Context, action *v1alpha1.Sequenti
 		}
 		action.Status.JobName, action.Status.Attempt = name, attempt
 		if attempt == 1 {
-			a.setStatus(action, v1alpha1.ActionPending, metav1.ConditionFalse, reasonRecording,
+			a.setStatus(action, v1alpha1.ActionPending, metav1.ConditionFalse, v1alpha1.RecordingReason,
 				fmt.Sprintf("Job %s records the action with %s.", name, s.image))
 		}
 		return ctrl.Result{}, nil
@@ -140,7 +123,7 @@ func (a *ActionReconciler) record(ctx context.Context, action *v1alpha1.Sequenti
 	finished, failed, reason := jobFinished(job)
 	if !finished {
 		if attempt == 1 {
-			a.setStatus(action, v1alpha1.ActionPending, metav1.ConditionFalse, reasonRecording,
+			a.setStatus(action, v1alpha1.ActionPending, metav1.ConditionFalse, v1alpha1.RecordingReason,
 				fmt.Sprintf("Job %s records the action with %s.", name, s.image))
 		}
 		return ctrl.Result{}, nil
@@ -155,22 +138,22 @@ func (a *ActionReconciler) record(ctx context.Context, action *v1alpha1.Sequenti
 		action.Status.Attempt = attempt + 1
 		return ctrl.Result{RequeueAfter: time.Second}, nil
 	case reportErr == nil && report.Recorded && !failed:
-		a.setStatus(action, v1alpha1.ActionRecorded, metav1.ConditionTrue, reasonRecorded, fmt.Sprintf(
+		a.setStatus(action, v1alpha1.ActionRecorded, metav1.ConditionTrue, v1alpha1.RecordedReason, fmt.Sprintf(
 			"%s on %s recorded by Job %s; no consumer executed it within %s (are the consumers running?); the operator looks again.",
 			report.Action, report.Target, name, actionWait))
-		a.setExecutedCondition(action, metav1.ConditionFalse, reasonAwaitingExecution, "Waiting for a consumer to run the action.")
+		a.setExecutedCondition(action, metav1.ConditionFalse, v1alpha1.AwaitingExecutionReason, "Waiting for a consumer to run the action.")
 		return ctrl.Result{RequeueAfter: r.PollInterval}, nil
 	case reportErr == nil && report.Error != "":
-		a.setStatus(action, v1alpha1.ActionFailed, metav1.ConditionFalse, reasonNotRecorded, fmt.Sprintf(
+		a.setStatus(action, v1alpha1.ActionFailed, metav1.ConditionFalse, v1alpha1.NotRecordedReason, fmt.Sprintf(
 			"%s on %s was not recorded: %s", report.Action, report.Target, report.Error))
 	case failed:
 		message := fmt.Sprintf("Job %s failed (%s)", name, reason)
 		if detail := r.containerMessage(ctx, s, name); detail != "" {
 			message += ": " + detail
 		}
-		a.setStatus(action, v1alpha1.ActionFailed, metav1.ConditionFalse, reasonNotRecorded, message)
+		a.setStatus(action, v1alpha1.ActionFailed, metav1.ConditionFalse, v1alpha1.NotRecordedReason, message)
 	default:
-		a.setStatus(action, v1alpha1.ActionFailed, metav1.ConditionFalse, reasonNotRecorded,
+		a.setStatus(action, v1alpha1.ActionFailed, metav1.ConditionFalse, v1alpha1.NotRecordedReason,
 			fmt.Sprintf("Job %s completed without a report: %v", name, reportErr))
 	}
 	return ctrl.Result{}, nil
@@ -290,12 +273,12 @@ func (a *ActionReconciler) setStatus(action *v1alpha1.SequentialInboxAction, pha
 // reported as an Event.
 func (a *ActionReconciler) setExecuted(action *v1alpha1.SequentialInboxAction, report *ActionReport, job string) {
 	message := truncate(fmt.Sprintf("%s on %s: %s (reported by Job %s).", report.Action, report.Target, report.Detail, job))
-	phase, status, reason, eventType := v1alpha1.ActionFailed, metav1.ConditionFalse, reasonExecutionFailed, corev1.EventTypeWarning
+	phase, status, reason, eventType := v1alpha1.ActionFailed, metav1.ConditionFalse, v1alpha1.ExecutionFailedReason, corev1.EventTypeWarning
 	switch report.Outcome {
 	case OutcomeExecuted:
-		phase, status, reason, eventType = v1alpha1.ActionExecuted, metav1.ConditionTrue, reasonExecuted, corev1.EventTypeNormal
+		phase, status, reason, eventType = v1alpha1.ActionExecuted, metav1.ConditionTrue, v1alpha1.ExecutedReason, corev1.EventTypeNormal
 	case OutcomeSuperseded:
-		reason = reasonSuperseded
+		reason = v1alpha1.SupersededReason
 	}
 	st := &action.Status
 	if st.Phase != phase {
@@ -303,7 +286,7 @@ func (a *ActionReconciler) setExecuted(action *v1alpha1.SequentialInboxAction, r
 	}
 	st.Phase, st.Message = phase, message
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionRecorded, Status: metav1.ConditionTrue,
-		Reason: reasonRecorded, Message: fmt.Sprintf("%s on %s recorded.", report.Action, report.Target),
+		Reason: v1alpha1.RecordedReason, Message: fmt.Sprintf("%s on %s recorded.", report.Action, report.Target),
 		ObservedGeneration: action.Generation, LastTransitionTime: metav1.NewTime(a.jobs.Clock.Now())})
 	a.setExecutedCondition(action, status, reason, message)
 }

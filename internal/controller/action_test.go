@@ -93,7 +93,7 @@ func TestActionIsRecordedByAJobFromTheInboxImageThenAwaitedUntilExecuted(t *test
 		t.Fatalf("result %+v, want to wait for the Job's events", res)
 	}
 	job := h.onlyJob("orders", componentAction)
-	st := h.expectAction("consume-42", v1alpha1.ActionPending, reasonRecording, job.Name, imageV2).Status
+	st := h.expectAction("consume-42", v1alpha1.ActionPending, v1alpha1.RecordingReason, job.Name, imageV2).Status
 	if st.JobName != job.Name {
 		t.Fatalf("status.jobName = %q, want %s", st.JobName, job.Name)
 	}
@@ -123,14 +123,14 @@ func TestActionIsRecordedByAJobFromTheInboxImageThenAwaitedUntilExecuted(t *test
 	}
 
 	h.reconcileAction("consume-42") // the Job still runs
-	h.expectAction("consume-42", v1alpha1.ActionPending, reasonRecording)
+	h.expectAction("consume-42", v1alpha1.ActionPending, v1alpha1.RecordingReason)
 	h.must(clustersim.CompleteJobWithMessage(h.ctx, k8s, job, actionReportJSON(t,
 		ActionReport{Action: "Consume", Target: "message OrderPaid/order-42-paid", Recorded: true})))
 	if res := h.reconcileAction("consume-42"); res.RequeueAfter == 0 {
 		t.Fatalf("result %+v after a Job whose wait ended unexecuted, want to look again later", res)
 	}
-	h.expectAction("consume-42", v1alpha1.ActionRecorded, reasonRecorded, "Consume on message OrderPaid/order-42-paid recorded", job.Name)
-	h.expectExecuted("consume-42", metav1.ConditionFalse, reasonAwaitingExecution)
+	h.expectAction("consume-42", v1alpha1.ActionRecorded, v1alpha1.RecordedReason, "Consume on message OrderPaid/order-42-paid recorded", job.Name)
+	h.expectExecuted("consume-42", metav1.ConditionFalse, v1alpha1.AwaitingExecutionReason)
 
 	// The next pass starts a Job that only awaits the execution.
 	h.reconcileAction("consume-42")
@@ -155,8 +155,8 @@ func TestActionIsRecordedByAJobFromTheInboxImageThenAwaitedUntilExecuted(t *test
 	if st.Phase != v1alpha1.ActionExecuted || !strings.Contains(st.Message, "delivered; the message is PROCESSED") {
 		t.Fatalf("status = %+v, want Executed with what the consumer did", st)
 	}
-	h.expectExecuted("consume-42", metav1.ConditionTrue, reasonExecuted)
-	if notes := h.events("consume-42", reasonExecuted); len(notes) == 0 {
+	h.expectExecuted("consume-42", metav1.ConditionTrue, v1alpha1.ExecutedReason)
+	if notes := h.events("consume-42", v1alpha1.ExecutedReason); len(notes) == 0 {
 		t.Error("no Executed Event about the action")
 	}
 
@@ -180,7 +180,7 @@ func TestActionThatFailedWhenExecutedEndsFailedWithTheReason(t *testing.T) {
 	if st.Phase != v1alpha1.ActionFailed || !strings.Contains(st.Message, "sink returned 500") {
 		t.Fatalf("status = %+v, want Failed with the consumer's reason", st)
 	}
-	h.expectExecuted("consume-42", metav1.ConditionFalse, reasonExecutionFailed)
+	h.expectExecuted("consume-42", metav1.ConditionFalse, v1alpha1.ExecutionFailedReason)
 }
 
 // expectExecuted asserts the action's Executed condition.
@@ -224,8 +224,8 @@ func TestActionOnAMissingTargetFailsWithTheReportedError(t *testing.T) {
 		Error: "request CONSUME on OrderPaid/order-42-paid: message not found"}))
 	h.reconcileAction("consume-42")
 
-	h.expectAction("consume-42", v1alpha1.ActionFailed, reasonNotRecorded, "was not recorded", "message not found")
-	if notes := h.events("consume-42", reasonNotRecorded); len(notes) == 0 {
+	h.expectAction("consume-42", v1alpha1.ActionFailed, v1alpha1.NotRecordedReason, "was not recorded", "message not found")
+	if notes := h.events("consume-42", v1alpha1.NotRecordedReason); len(notes) == 0 {
 		t.Error("no Warning Event about the failed action")
 	}
 	h.reconcileAction("consume-42") // Failed is final: no second Job
@@ -243,7 +243,7 @@ func TestActionJobFailingWithoutAReportFailsWithTheContainerMessage(t *testing.T
 	h.failJob(h.onlyJob("orders", componentAction), `seqinbox: unknown command "action"`)
 	h.reconcileAction("consume-42")
 
-	h.expectAction("consume-42", v1alpha1.ActionFailed, reasonNotRecorded, "BackoffLimitExceeded", `unknown command "action"`)
+	h.expectAction("consume-42", v1alpha1.ActionFailed, v1alpha1.NotRecordedReason, "BackoffLimitExceeded", `unknown command "action"`)
 }
 
 func TestActionWaitsForItsInbox(t *testing.T) {
@@ -253,7 +253,7 @@ func TestActionWaitsForItsInbox(t *testing.T) {
 	if res := h.reconcileAction("consume-42"); res.RequeueAfter != testPollInterval {
 		t.Fatalf("result %+v, want a retry after the poll interval %s", res, testPollInterval)
 	}
-	h.expectAction("consume-42", v1alpha1.ActionPending, reasonInboxNotFound, "SequentialInbox orders does not exist")
+	h.expectAction("consume-42", v1alpha1.ActionPending, v1alpha1.InboxNotFoundReason, "SequentialInbox orders does not exist")
 	if jobs := h.jobs("orders", componentAction); len(jobs) != 0 {
 		t.Fatalf("%d action Jobs without an inbox, want none", len(jobs))
 	}
@@ -261,7 +261,7 @@ func TestActionWaitsForItsInbox(t *testing.T) {
 	h.create("orders", nil)
 	h.reconcileAction("consume-42")
 	h.onlyJob("orders", componentAction)
-	h.expectAction("consume-42", v1alpha1.ActionPending, reasonRecording)
+	h.expectAction("consume-42", v1alpha1.ActionPending, v1alpha1.RecordingReason)
 }
 
 func TestActionWhoseJobVanishedBeforeItsResultFails(t *testing.T) {
@@ -274,7 +274,7 @@ func TestActionWhoseJobVanishedBeforeItsResultFails(t *testing.T) {
 	h.must(k8s.Delete(h.ctx, job, client.PropagationPolicy(metav1.DeletePropagationBackground)))
 	h.reconcileAction("consume-42")
 
-	h.expectAction("consume-42", v1alpha1.ActionFailed, reasonActionJobLost, job.Name, "unknown")
+	h.expectAction("consume-42", v1alpha1.ActionFailed, v1alpha1.JobLostReason, job.Name, "unknown")
 	if jobs := h.jobs("orders", componentAction); len(jobs) > 1 || (len(jobs) == 1 && jobs[0].DeletionTimestamp.IsZero()) {
 		t.Fatalf("action Jobs after the loss: %d, want no new Job (recording twice is a person's decision)", len(jobs))
 	}

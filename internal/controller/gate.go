@@ -96,7 +96,7 @@ func awaitApproval(in gateInput) (string, string, bool) {
 	if in.strategy != v1alpha1.UpgradeSupervised || !oldConsumersRun(in) || in.approval == in.target.Version {
 		return "", "", false
 	}
-	return reasonAwaitingApproval, fmt.Sprintf(
+	return v1alpha1.AwaitingApprovalReason, fmt.Sprintf(
 		"Engine %s (claim protocol %s) cannot run next to the running %s; the Supervised rollout stops the old consumers "+
 			"once approved: kubectl annotate sequentialinbox %s %s=%s",
 		in.target.Version, in.target.ClaimProtocol, describeRunning(in.running), in.inbox, v1alpha1.ApproveRolloutAnnotation, in.target.Version), true
@@ -107,7 +107,7 @@ func awaitOldPodsGone(in gateInput) (string, string, bool) {
 	if len(in.pods) == 0 {
 		return "", "", false
 	}
-	return reasonWaitingForPods, fmt.Sprintf("Waiting for %d consumer pod(s) of %s to terminate: %s.",
+	return v1alpha1.WaitingForOldPodsReason, fmt.Sprintf("Waiting for %d consumer pod(s) of %s to terminate: %s.",
 		len(in.pods), describeRunning(in.running), strings.Join(in.pods, ", ")), true
 }
 
@@ -115,11 +115,11 @@ func awaitOldPodsGone(in gateInput) (string, string, bool) {
 func awaitEmptyConsumerGroup(in gateInput) (string, string, bool) {
 	switch {
 	case in.group.err != nil:
-		return reasonGroupUnknown, fmt.Sprintf("Cannot read the members of the Kafka consumer group: %v.", in.group.err), true
+		return v1alpha1.ConsumerGroupUnknownReason, fmt.Sprintf("Cannot read the members of the Kafka consumer group: %v.", in.group.err), true
 	case !in.group.checked:
-		return reasonGroupUnknown, "The Kafka consumer group was not read yet.", true
+		return v1alpha1.ConsumerGroupUnknownReason, "The Kafka consumer group was not read yet.", true
 	case len(in.group.members) > 0:
-		return reasonWaitingForGroup, fmt.Sprintf("Waiting for %d member(s) to leave the Kafka consumer group: %s.",
+		return v1alpha1.WaitingForConsumerGroupReason, fmt.Sprintf("Waiting for %d member(s) to leave the Kafka consumer group: %s.",
 			len(in.group.members), describeMembers(in.group.members)), true
 	}
 	return "", "", false
@@ -129,7 +129,7 @@ func awaitEmptyConsumerGroup(in gateInput) (string, string, bool) {
 // another claim protocol.
 func awaitRegistryClear(in gateInput) (string, string, bool) {
 	if !in.registry.checked {
-		return reasonCheckingRegistry, in.registry.pending, true
+		return v1alpha1.CheckingRegistryReason, in.registry.pending, true
 	}
 	var others []string
 	for _, c := range in.registry.live {
@@ -140,10 +140,10 @@ func awaitRegistryClear(in gateInput) (string, string, bool) {
 	}
 	switch {
 	case len(others) > 0:
-		return reasonWaitingForRegistry, fmt.Sprintf("The database registry lists %d live consumer(s) of another claim protocol: %s.",
+		return v1alpha1.WaitingForRegistryReason, fmt.Sprintf("The database registry lists %d live consumer(s) of another claim protocol: %s.",
 			len(others), strings.Join(others, ", ")), true
 	case in.registry.truncated:
-		return reasonWaitingForRegistry, "The database registry lists more live consumers than the report holds; waiting until it shrinks.", true
+		return v1alpha1.WaitingForRegistryReason, "The database registry lists more live consumers than the report holds; waiting until it shrinks.", true
 	}
 	return "", "", false
 }
@@ -175,7 +175,7 @@ func (r *Reconciler) gateRollout(ctx context.Context, s *scope) (phaseResult, er
 		pods:     podNames(s.consumerPods),
 	}
 	if sameClaimProtocol(in) {
-		s.setCondition(rolloutBlockedCondition(reasonSameProtocol, fmt.Sprintf(
+		s.setCondition(rolloutBlockedCondition(v1alpha1.SameClaimProtocolReason, fmt.Sprintf(
 			"Engine %s speaks claim protocol %s and group protocol %s like the running consumers; they are replaced by a rolling update.",
 			in.target.Version, in.target.ClaimProtocol, in.target.GroupProtocol), false))
 		return proceed, nil
@@ -199,20 +199,20 @@ func (r *Reconciler) gateRollout(ctx context.Context, s *scope) (phaseResult, er
 	}
 	reason, message, blocked := evaluate(rolloutPolicies, in)
 	if !blocked {
-		s.setCondition(rolloutBlockedCondition(reasonNothingToStop, fmt.Sprintf(
+		s.setCondition(rolloutBlockedCondition(v1alpha1.NoOtherConsumersReason, fmt.Sprintf(
 			"No consumer of another claim protocol runs (pods gone, consumer group empty, registry clear); engine %s may start.",
 			in.target.Version), false))
 		return proceed, nil
 	}
 	next := waitForEvent()
 	switch {
-	case reason == reasonWaitingForGroup || reason == reasonGroupUnknown:
+	case reason == v1alpha1.WaitingForConsumerGroupReason || reason == v1alpha1.ConsumerGroupUnknownReason:
 		next = requeueAfter(r.PollInterval)
-	case reason == reasonWaitingForRegistry && in.registry.current:
+	case reason == v1alpha1.WaitingForRegistryReason && in.registry.current:
 		// Heartbeats expire and consumers deregister: read the registry again after a while.
 		startNextAttempt(s.inbox.Status.Probe, &metav1.Time{Time: s.now.Add(r.PollInterval)})
 		next = requeueAfter(r.PollInterval)
-	case reason == reasonWaitingForRegistry || reason == reasonCheckingRegistry:
+	case reason == v1alpha1.WaitingForRegistryReason || reason == v1alpha1.CheckingRegistryReason:
 		if d := probeRetryIn(s); d > 0 {
 			next = requeueAfter(d)
 		}

@@ -81,8 +81,8 @@ func TestAwaitApproval(t *testing.T) {
 			if !blocked {
 				return
 			}
-			if reason != reasonAwaitingApproval {
-				t.Errorf("reason = %q, want %q", reason, reasonAwaitingApproval)
+			if reason != v1alpha1.AwaitingApprovalReason {
+				t.Errorf("reason = %q, want %q", reason, v1alpha1.AwaitingApprovalReason)
 			}
 			wantCommand := "kubectl annotate sequentialinbox orders inbox.seqinbox.dev/approve-rollout=v2.0.0"
 			if !strings.Contains(message, wantCommand) {
@@ -99,8 +99,8 @@ func TestAwaitOldPodsGoneNamesThePods(t *testing.T) {
 	}
 	in.pods = []string{"orders-consumer-abc", "orders-consumer-def"}
 	reason, message, blocked := awaitOldPodsGone(in)
-	if !blocked || reason != reasonWaitingForPods {
-		t.Fatalf("awaitOldPodsGone() = %q, %v; want %q, blocked", reason, blocked, reasonWaitingForPods)
+	if !blocked || reason != v1alpha1.WaitingForOldPodsReason {
+		t.Fatalf("awaitOldPodsGone() = %q, %v; want %q, blocked", reason, blocked, v1alpha1.WaitingForOldPodsReason)
 	}
 	for _, pod := range in.pods {
 		if !strings.Contains(message, pod) {
@@ -118,10 +118,10 @@ func TestAwaitEmptyConsumerGroup(t *testing.T) {
 	}{
 		{name: "empty group passes", group: groupView{checked: true}},
 		{name: "a member blocks and is named", group: groupView{checked: true, members: []GroupMember{{ID: "m-1", ClientID: "legacy-app", Host: "/10.0.0.7", Protocol: "range"}}},
-			wantReason: reasonWaitingForGroup, wantMention: "m-1 (client legacy-app, host /10.0.0.7, protocol range)"},
+			wantReason: v1alpha1.WaitingForConsumerGroupReason, wantMention: "m-1 (client legacy-app, host /10.0.0.7, protocol range)"},
 		{name: "an unreadable group blocks", group: groupView{err: errors.New("dial tcp: connection refused")},
-			wantReason: reasonGroupUnknown, wantMention: "connection refused"},
-		{name: "an unread group blocks", group: groupView{}, wantReason: reasonGroupUnknown},
+			wantReason: v1alpha1.ConsumerGroupUnknownReason, wantMention: "connection refused"},
+		{name: "an unread group blocks", group: groupView{}, wantReason: v1alpha1.ConsumerGroupUnknownReason},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -151,11 +151,11 @@ func TestAwaitRegistryClear(t *testing.T) {
 		{name: "no live consumer passes", registry: registryView{checked: true}},
 		{name: "a live consumer of the target protocol passes", registry: registryView{checked: true, live: []migrations.LiveConsumer{newConsumer}}},
 		{name: "a live consumer of the old protocol blocks and is named", registry: registryView{checked: true, live: []migrations.LiveConsumer{newConsumer, oldConsumer}},
-			wantReason: reasonWaitingForRegistry, wantMention: "orders-consumer-abc (engine v1.0.0, protocol insert-first-v1, heartbeat 2026-05-01T12:00:00Z)"},
+			wantReason: v1alpha1.WaitingForRegistryReason, wantMention: "orders-consumer-abc (engine v1.0.0, protocol insert-first-v1, heartbeat 2026-05-01T12:00:00Z)"},
 		{name: "a truncated list proves nothing", registry: registryView{checked: true, truncated: true, live: []migrations.LiveConsumer{newConsumer}},
-			wantReason: reasonWaitingForRegistry, wantMention: "more live consumers"},
+			wantReason: v1alpha1.WaitingForRegistryReason, wantMention: "more live consumers"},
 		{name: "no read after the stop yet", registry: registryView{pending: "Job orders-probe-x-2 reads the database registry."},
-			wantReason: reasonCheckingRegistry, wantMention: "orders-probe-x-2"},
+			wantReason: v1alpha1.CheckingRegistryReason, wantMention: "orders-probe-x-2"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -188,10 +188,10 @@ func TestPolicyChainReportsTheFirstBlockingPolicyInOrder(t *testing.T) {
 		fix    func(*gateInput)
 		reason string
 	}{
-		{name: "approval first", fix: func(*gateInput) {}, reason: reasonAwaitingApproval},
-		{name: "then the pods", fix: func(in *gateInput) { in.approval = "v2.0.0" }, reason: reasonWaitingForPods},
-		{name: "then the group", fix: func(in *gateInput) { in.pods, in.replicas = nil, 0 }, reason: reasonWaitingForGroup},
-		{name: "then the registry", fix: func(in *gateInput) { in.group.members = nil }, reason: reasonCheckingRegistry},
+		{name: "approval first", fix: func(*gateInput) {}, reason: v1alpha1.AwaitingApprovalReason},
+		{name: "then the pods", fix: func(in *gateInput) { in.approval = "v2.0.0" }, reason: v1alpha1.WaitingForOldPodsReason},
+		{name: "then the group", fix: func(in *gateInput) { in.pods, in.replicas = nil, 0 }, reason: v1alpha1.WaitingForConsumerGroupReason},
+		{name: "then the registry", fix: func(in *gateInput) { in.group.members = nil }, reason: v1alpha1.CheckingRegistryReason},
 		{name: "then nothing", fix: func(in *gateInput) { in.registry = registryView{checked: true} }, reason: ""},
 	}
 	in := everything

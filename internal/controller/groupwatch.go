@@ -5,11 +5,9 @@ import (
 	"fmt"
 
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
-)
 
-// reasonGroupHeld is the Degraded reason while members of another group protocol hold the Kafka
-// consumer group and the broker keeps the inbox's consumers out.
-const reasonGroupHeld = "ConsumerGroupHeldByOtherProtocol"
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
+)
 
 // watchGroup names the members that keep the consumers out of the Kafka consumer group. The
 // consumers announce only their group protocol (SPEC §8), so while members of another one hold
@@ -34,7 +32,7 @@ func (r *Reconciler) watchGroup(ctx context.Context, s *scope) (phaseResult, err
 	if len(foreign) == 0 {
 		return proceed, nil
 	}
-	s.problem(reasonGroupHeld, fmt.Sprintf(
+	s.problem(v1alpha1.ConsumerGroupHeldByOtherProtocolReason, fmt.Sprintf(
 		"The Kafka consumer group %s is held by %d member(s) of another group protocol than this inbox's %s: %s. "+
 			"The broker refuses the consumers until these leave; stop the application they belong to.",
 		s.inbox.Spec.Kafka.ConsumerGroup, len(foreign), s.target.GroupProtocol, describeMembers(foreign)))

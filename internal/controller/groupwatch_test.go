@@ -22,20 +22,20 @@ func TestMembersOfAnotherGroupProtocolHoldingTheGroupAreNamed(t *testing.T) {
 	h.reconcile("orders")
 	h.completeJob(h.onlyJob("orders", componentProbe))
 	h.reconcile("orders")
-	c := h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, reasonWaitingForGroup,
+	c := h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, v1alpha1.WaitingForConsumerGroupReason,
 		"client legacy-order-app", "protocol cooperative-sticky")
 	t.Logf("RolloutBlocked while a foreign consumer holds the group: %s: %s", c.Reason, c.Message)
 	legacy.Close()
 	waitForMembers(t, h.seeds, group, func(m []GroupMember) bool { return len(m) == 0 })
 	h.runJobsUntilDeployed("orders")
-	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, reasonAsExpected)
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.AsExpectedReason)
 
 	// The legacy application comes back before the consumers joined: they cannot, and the
 	// Deployment does not become available.
 	legacy = joinGroup(t, h.seeds, group, "legacy-order-app")
 	waitForMembers(t, h.seeds, group, held)
 	res := h.reconcile("orders")
-	c = h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, reasonGroupHeld,
+	c = h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ConsumerGroupHeldByOtherProtocolReason,
 		"client legacy-order-app", "protocol cooperative-sticky", "this inbox's seqinbox-insert-first-v1", group)
 	t.Logf("Degraded while a foreign consumer holds the group: %s: %s", c.Reason, c.Message)
 	if res.RequeueAfter != testPollInterval {
@@ -44,14 +44,14 @@ func TestMembersOfAnotherGroupProtocolHoldingTheGroupAreNamed(t *testing.T) {
 	if got := h.get("orders"); got.Status.ObservedGeneration != got.Generation {
 		t.Errorf("observedGeneration = %d, want %d: the pass ran to its end", got.Status.ObservedGeneration, got.Generation)
 	}
-	if notes := h.events("orders", reasonGroupHeld); len(notes) == 0 {
+	if notes := h.events("orders", v1alpha1.ConsumerGroupHeldByOtherProtocolReason); len(notes) == 0 {
 		t.Error("no Event reported the foreign members")
 	}
 
 	legacy.Close()
 	waitForMembers(t, h.seeds, group, func(m []GroupMember) bool { return len(m) == 0 })
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, reasonAsExpected)
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.AsExpectedReason)
 }
 
 func TestRaisingTheGroupProtocolEpochStopsTheOldConsumersFirst(t *testing.T) {
@@ -67,7 +67,7 @@ func TestRaisingTheGroupProtocolEpochStopsTheOldConsumersFirst(t *testing.T) {
 	// wait for them forever. The old consumers stop first, as for a claim protocol change.
 	h.update("orders", func(in *v1alpha1.SequentialInbox) { in.Spec.Kafka.GroupProtocolEpoch = 1 })
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, reasonWaitingForPods,
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, v1alpha1.WaitingForOldPodsReason,
 		pods[0], "group protocol seqinbox-insert-first-v1")
 	if d := h.deployment("orders"); *d.Spec.Replicas != 0 || d.Spec.Template.Annotations[annotationGroupProtocol] != "seqinbox-insert-first-v1" {
 		t.Fatalf("deployment = %d replicas announcing %s, want the old consumers scaled to 0", *d.Spec.Replicas,
@@ -76,10 +76,10 @@ func TestRaisingTheGroupProtocolEpochStopsTheOldConsumersFirst(t *testing.T) {
 
 	h.deletePods(pods...)
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, reasonCheckingRegistry)
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, v1alpha1.CheckingRegistryReason)
 	h.completeJob(h.onlyJob("orders", componentProbe))
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionFalse, reasonNothingToStop)
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionFalse, v1alpha1.NoOtherConsumersReason)
 	for _, j := range h.jobs("orders", componentMigration) {
 		if finished, _, _ := jobFinished(&j); !finished {
 			h.completeJob(&j)

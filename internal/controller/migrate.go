@@ -9,10 +9,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-)
 
-// reasonSecretMissing says that the Secret with the database URL does not exist.
-const reasonSecretMissing = "DatabaseSecretMissing"
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
+)
 
 // migrateSchema brings the database to the target image's schema with a Job running
 // `seqinbox migrate` from that image, once per image and database (the URL Secret's reference
@@ -29,9 +28,9 @@ func (r *Reconciler) migrateSchema(ctx context.Context, s *scope) (phaseResult, 
 	if !found {
 		ref := s.inbox.Spec.Database.URLSecretRef
 		message := fmt.Sprintf("Secret %s (spec.database.urlSecretRef) does not exist; the schema cannot be migrated.", ref.Name)
-		s.setCondition(schemaReadyCondition(metav1.ConditionFalse, reasonSecretMissing, message))
-		s.problem(reasonSecretMissing, message)
-		s.wait(reasonSecretMissing, message)
+		s.setCondition(schemaReadyCondition(metav1.ConditionFalse, v1alpha1.DatabaseSecretMissingReason, message))
+		s.problem(v1alpha1.DatabaseSecretMissingReason, message)
+		s.wait(v1alpha1.DatabaseSecretMissingReason, message)
 		return requeueAfter(r.PollInterval), nil
 	}
 	run := currentRun(&st.Migration, hashOf(s.image, database))
@@ -45,19 +44,19 @@ func (r *Reconciler) migrateSchema(ctx context.Context, s *scope) (phaseResult, 
 	switch out.state {
 	case jobRunning:
 		message := fmt.Sprintf("Job %s migrates the schema with %s (attempt %d).", run.JobName, s.image, run.Attempt)
-		s.setCondition(schemaReadyCondition(metav1.ConditionFalse, reasonMigrating, message))
-		s.wait(reasonMigrating, message)
+		s.setCondition(schemaReadyCondition(metav1.ConditionFalse, v1alpha1.MigrationRunningReason, message))
+		s.wait(v1alpha1.MigrationRunningReason, message)
 		return waitForEvent(), nil
 	case jobBackingOff:
 		message := fmt.Sprintf("The schema migration failed %d time(s), last: %s. Attempt %d starts in %s.",
 			run.Failures, run.LastFailure, run.Attempt, out.retryIn.Round(time.Second))
-		s.setCondition(schemaReadyCondition(metav1.ConditionFalse, reasonMigrationFail, message))
-		s.problem(reasonMigrationFail, message)
-		s.wait(reasonMigrationFail, message)
+		s.setCondition(schemaReadyCondition(metav1.ConditionFalse, v1alpha1.MigrationFailedReason, message))
+		s.problem(v1alpha1.MigrationFailedReason, message)
+		s.wait(v1alpha1.MigrationFailedReason, message)
 		return requeueAfter(out.retryIn), nil
 	}
 	st.SchemaVersion = int32(out.report.SchemaVersion)
-	s.setCondition(schemaReadyCondition(metav1.ConditionTrue, reasonMigrated, fmt.Sprintf(
+	s.setCondition(schemaReadyCondition(metav1.ConditionTrue, v1alpha1.MigratedReason, fmt.Sprintf(
 		"Schema version %d (applied now: %v) by Job %s from %s.", out.report.SchemaVersion, out.report.Applied, run.JobName, s.image)))
 	if err := r.deleteSupersededJobs(ctx, s, componentMigration, run.JobName); err != nil {
 		return proceed, err

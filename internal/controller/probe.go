@@ -36,11 +36,11 @@ func (r *Reconciler) probeTarget(ctx context.Context, s *scope) (phaseResult, er
 		}
 		switch out.state {
 		case jobRunning:
-			s.wait(reasonProbing, fmt.Sprintf("Job %s runs `seqinbox migrate --dry-run` from %s to learn its claim protocol.",
+			s.wait(v1alpha1.ProbingTargetImageReason, fmt.Sprintf("Job %s runs `seqinbox migrate --dry-run` from %s to learn its claim protocol.",
 				st.Probe.JobName, s.image))
 			return waitForEvent(), nil
 		case jobBackingOff:
-			s.wait(reasonProbeFailed, probeFailure(st.Probe, out))
+			s.wait(v1alpha1.ProbeFailedReason, probeFailure(st.Probe, out))
 			return requeueAfter(out.retryIn), nil
 		}
 		s.target = engine{Image: s.image, Version: out.report.EngineVersion, ClaimProtocol: out.report.ClaimProtocol}
@@ -65,7 +65,7 @@ func (r *Reconciler) runProbe(ctx context.Context, s *scope) (jobOutcome, error)
 		return out, fmt.Errorf("probe %s: %w", s.image, err)
 	}
 	if out.state == jobBackingOff && run.Failures > 0 {
-		s.problem(reasonProbeFailed, probeFailure(run, out))
+		s.problem(v1alpha1.ProbeFailedReason, probeFailure(run, out))
 	}
 	if out.state == jobSucceeded {
 		if err := r.deleteSupersededJobs(ctx, s, componentProbe, run.JobName); err != nil {

@@ -30,9 +30,9 @@ func TestValidInboxIsProbedMigratedAndRunUntilReady(t *testing.T) {
 	if !controllerutil.ContainsFinalizer(inbox, finalizerName) {
 		t.Fatal("no finalizer: deleting the inbox would not stop its consumers first")
 	}
-	h.expectCondition("orders", v1alpha1.ConditionConfigValid, metav1.ConditionTrue, reasonValid)
-	h.expectCondition("orders", v1alpha1.ConditionProgressing, metav1.ConditionTrue, reasonProbing, imageV1)
-	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionFalse, reasonProbing)
+	h.expectCondition("orders", v1alpha1.ConditionConfigValid, metav1.ConditionTrue, v1alpha1.ValidReason)
+	h.expectCondition("orders", v1alpha1.ConditionProgressing, metav1.ConditionTrue, v1alpha1.ProbingTargetImageReason, imageV1)
+	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ProbingTargetImageReason)
 	var cm corev1.ConfigMap
 	h.must(k8s.Get(h.ctx, client.ObjectKey{Namespace: h.ns, Name: configMapName(inbox, inbox.Status.ConfigHash)}, &cm))
 	rendered, err := manifest.Parse([]byte(cm.Data[configKey]))
@@ -61,8 +61,8 @@ func TestValidInboxIsProbedMigratedAndRunUntilReady(t *testing.T) {
 	if inbox.Status.TargetEngineVersion != "v1.0.0" || inbox.Status.TargetClaimProtocol != "insert-first-v1" {
 		t.Errorf("target = %s/%s, want v1.0.0/insert-first-v1", inbox.Status.TargetEngineVersion, inbox.Status.TargetClaimProtocol)
 	}
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionFalse, reasonNothingToStop)
-	h.expectCondition("orders", v1alpha1.ConditionSchemaReady, metav1.ConditionFalse, reasonMigrating)
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionFalse, v1alpha1.NoOtherConsumersReason)
+	h.expectCondition("orders", v1alpha1.ConditionSchemaReady, metav1.ConditionFalse, v1alpha1.MigrationRunningReason)
 	migration := h.onlyJob("orders", componentMigration)
 	if args := strings.Join(migration.Spec.Template.Spec.Containers[0].Args, " "); strings.Contains(args, "--dry-run") {
 		t.Errorf("migration args %q are a dry run", args)
@@ -72,7 +72,7 @@ func TestValidInboxIsProbedMigratedAndRunUntilReady(t *testing.T) {
 	// The migration reports; the Deployment, PDB and Service appear.
 	h.completeJob(migration)
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionSchemaReady, metav1.ConditionTrue, reasonMigrated, "Schema version 3")
+	h.expectCondition("orders", v1alpha1.ConditionSchemaReady, metav1.ConditionTrue, v1alpha1.MigratedReason, "Schema version 3")
 	d := h.deployment("orders")
 	if d.Spec.Template.Annotations[annotationConfigHash] != inbox.Status.ConfigHash {
 		t.Errorf("pod template config hash = %q, want %q", d.Spec.Template.Annotations[annotationConfigHash], inbox.Status.ConfigHash)
@@ -86,15 +86,15 @@ func TestValidInboxIsProbedMigratedAndRunUntilReady(t *testing.T) {
 	if inbox.Status.ObservedGeneration != inbox.Generation {
 		t.Errorf("observedGeneration = %d after a complete pass, want %d", inbox.Status.ObservedGeneration, inbox.Generation)
 	}
-	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionFalse, reasonUnavailable)
-	h.expectCondition("orders", v1alpha1.ConditionProgressing, metav1.ConditionTrue, reasonRollingOut)
+	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ConsumersUnavailableReason)
+	h.expectCondition("orders", v1alpha1.ConditionProgressing, metav1.ConditionTrue, v1alpha1.RollingOutReason)
 
 	// The Deployment controller (played) makes the consumers available.
 	h.rollOut("orders")
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionTrue, reasonReady, "2 of 2", "v1.0.0", "insert-first-v1")
-	h.expectCondition("orders", v1alpha1.ConditionProgressing, metav1.ConditionFalse, reasonReconciled)
-	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, reasonAsExpected)
+	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ConsumersReadyReason, "2 of 2", "v1.0.0", "insert-first-v1")
+	h.expectCondition("orders", v1alpha1.ConditionProgressing, metav1.ConditionFalse, v1alpha1.ReconciledReason)
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.AsExpectedReason)
 	inbox = h.get("orders")
 	st := inbox.Status
 	if st.RunningEngineVersion != "v1.0.0" || st.RunningClaimProtocol != "insert-first-v1" || st.SchemaVersion != 3 || st.ReplicasReady != 2 {
@@ -105,7 +105,7 @@ func TestValidInboxIsProbedMigratedAndRunUntilReady(t *testing.T) {
 			t.Errorf("condition %s observed generation %d, want %d", c.Type, c.ObservedGeneration, inbox.Generation)
 		}
 	}
-	if notes := h.events("orders", reasonReady); len(notes) == 0 {
+	if notes := h.events("orders", v1alpha1.ConsumersReadyReason); len(notes) == 0 {
 		t.Error("no Event reported the transition to Ready")
 	}
 }
@@ -143,9 +143,9 @@ func TestInvalidSpecsLeaveTheRunningConsumersUntouched(t *testing.T) {
 			h.update("orders", func(in *v1alpha1.SequentialInbox) { tc.edit(&in.Spec) })
 			res := h.reconcile("orders")
 
-			h.expectCondition("orders", v1alpha1.ConditionConfigValid, metav1.ConditionFalse, reasonInvalidSpec, tc.wantField)
-			h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionFalse, reasonInvalidSpec)
-			h.expectCondition("orders", v1alpha1.ConditionProgressing, metav1.ConditionFalse, reasonInvalidSpec)
+			h.expectCondition("orders", v1alpha1.ConditionConfigValid, metav1.ConditionFalse, v1alpha1.InvalidSpecReason, tc.wantField)
+			h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.InvalidSpecReason)
+			h.expectCondition("orders", v1alpha1.ConditionProgressing, metav1.ConditionFalse, v1alpha1.InvalidSpecReason)
 			if res.RequeueAfter != 0 {
 				t.Errorf("an invalid spec requeues after %s; only a spec change can fix it", res.RequeueAfter)
 			}
@@ -165,7 +165,7 @@ func TestInvalidSpecsLeaveTheRunningConsumersUntouched(t *testing.T) {
 			if inbox.Status.ObservedGeneration != valid.Generation {
 				t.Errorf("observedGeneration = %d, want the last valid generation %d", inbox.Status.ObservedGeneration, valid.Generation)
 			}
-			if notes := h.events("orders", reasonInvalidSpec); len(notes) == 0 || !strings.Contains(strings.Join(notes, " "), tc.wantField) {
+			if notes := h.events("orders", v1alpha1.InvalidSpecReason); len(notes) == 0 || !strings.Contains(strings.Join(notes, " "), tc.wantField) {
 				t.Errorf("Events %q do not name %s", notes, tc.wantField)
 			}
 		})
@@ -179,8 +179,8 @@ func TestPollIntervalShorterThanTheWorstCaseDegradesButRuns(t *testing.T) {
 		in.Spec.Sink.Timeout = metav1.Duration{Duration: 10 * time.Second}
 	})
 	h.bringUp("orders")
-	h.expectCondition("orders", v1alpha1.ConditionConfigValid, metav1.ConditionTrue, reasonValid)
-	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, reasonPollInterval, "spec.kafka.maxPollIntervalMs")
+	h.expectCondition("orders", v1alpha1.ConditionConfigValid, metav1.ConditionTrue, v1alpha1.ValidReason)
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.MaxPollIntervalTooShortReason, "spec.kafka.maxPollIntervalMs")
 }
 
 func TestMissingDatabaseSecretIsReportedAndNothingStarts(t *testing.T) {
@@ -189,8 +189,8 @@ func TestMissingDatabaseSecretIsReportedAndNothingStarts(t *testing.T) {
 	h.reconcile("orders")
 	h.completeJob(h.onlyJob("orders", componentProbe))
 	res := h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionSchemaReady, metav1.ConditionFalse, reasonSecretMissing, "elsewhere")
-	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, reasonSecretMissing)
+	h.expectCondition("orders", v1alpha1.ConditionSchemaReady, metav1.ConditionFalse, v1alpha1.DatabaseSecretMissingReason, "elsewhere")
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.DatabaseSecretMissingReason)
 	if res.RequeueAfter != testPollInterval {
 		t.Errorf("requeue after %s, want %s: no watch reports a new Secret", res.RequeueAfter, testPollInterval)
 	}
@@ -211,9 +211,9 @@ func TestFailedMigrationIsRetriedWithANewJobAfterExponentialBackoff(t *testing.T
 	// The first attempt fails: the Job's reason and the report's error are reported.
 	h.failJob(first, `{"schemaVersion":1,"applied":[],"pending":[2,3],"claimProtocol":"insert-first-v1","engineVersion":"v1.0.0","liveConsumers":[],"error":"migration 2: permission denied for schema public"}`)
 	res := h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionSchemaReady, metav1.ConditionFalse, reasonMigrationFail,
+	h.expectCondition("orders", v1alpha1.ConditionSchemaReady, metav1.ConditionFalse, v1alpha1.MigrationFailedReason,
 		first.Name, "BackoffLimitExceeded", "permission denied for schema public", "Attempt 2 starts in 10s")
-	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, reasonMigrationFail)
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.MigrationFailedReason)
 	if res.RequeueAfter != testRetryBase {
 		t.Errorf("requeue after %s, want the backoff %s", res.RequeueAfter, testRetryBase)
 	}
@@ -242,7 +242,7 @@ func TestFailedMigrationIsRetriedWithANewJobAfterExponentialBackoff(t *testing.T
 	if res := h.reconcile("orders"); res.RequeueAfter != 2*testRetryBase {
 		t.Errorf("requeue after %s, want the doubled backoff %s", res.RequeueAfter, 2*testRetryBase)
 	}
-	h.expectCondition("orders", v1alpha1.ConditionSchemaReady, metav1.ConditionFalse, reasonMigrationFail, "connection refused", "failed 2 time(s)")
+	h.expectCondition("orders", v1alpha1.ConditionSchemaReady, metav1.ConditionFalse, v1alpha1.MigrationFailedReason, "connection refused", "failed 2 time(s)")
 	h.noDeployment("orders")
 
 	// The third attempt succeeds: the schema is ready, failed Jobs are cleaned up, consumers start.
@@ -251,8 +251,8 @@ func TestFailedMigrationIsRetriedWithANewJobAfterExponentialBackoff(t *testing.T
 	third := h.onlyJob("orders", componentMigration)
 	h.completeJob(third)
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionSchemaReady, metav1.ConditionTrue, reasonMigrated, third.Name)
-	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, reasonAsExpected)
+	h.expectCondition("orders", v1alpha1.ConditionSchemaReady, metav1.ConditionTrue, v1alpha1.MigratedReason, third.Name)
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.AsExpectedReason)
 	if st := h.get("orders").Status.Migration; st.Failures != 0 || !st.Succeeded || st.Attempt != 3 {
 		t.Errorf("migration status = %+v, want attempt 3 succeeded, failures reset", st)
 	}
@@ -272,8 +272,8 @@ func TestFailedProbeIsRetriedAndBlocksEverythingAfterIt(t *testing.T) {
 	probe := h.onlyJob("orders", componentProbe)
 	h.failJob(probe, "exec format error")
 	res := h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionFalse, reasonProbeFailed, "exec format error")
-	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, reasonProbeFailed)
+	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ProbeFailedReason, "exec format error")
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.ProbeFailedReason)
 	if res.RequeueAfter != testRetryBase {
 		t.Errorf("requeue after %s, want %s", res.RequeueAfter, testRetryBase)
 	}
@@ -298,7 +298,7 @@ func TestCompatibleUpgradeMigratesAndRollsWithoutStoppingTheConsumers(t *testing
 	h.reconcile("orders")
 	h.completeJob(h.onlyJob("orders", componentProbe))
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionFalse, reasonSameProtocol, "insert-first-v1")
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionFalse, v1alpha1.SameClaimProtocolReason, "insert-first-v1")
 	migration := h.onlyJob("orders", componentMigration)
 	if got := migration.Spec.Template.Spec.Containers[0].Image; got != imageV1Patch {
 		t.Errorf("migration image = %s, want the target %s", got, imageV1Patch)
@@ -339,7 +339,7 @@ func TestIncompatibleUpgradeStopsOldConsumersAndWaitsForTheGroupToEmpty(t *testi
 		in.Spec.Replicas = ptr.To(int32(3))
 	})
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionProgressing, metav1.ConditionTrue, reasonProbing, imageV2)
+	h.expectCondition("orders", v1alpha1.ConditionProgressing, metav1.ConditionTrue, v1alpha1.ProbingTargetImageReason, imageV2)
 	if d := h.deployment("orders"); *d.Spec.Replicas != 2 {
 		t.Fatalf("the consumers were touched (replicas %d) before the target's protocol was known", *d.Spec.Replicas)
 	}
@@ -347,7 +347,7 @@ func TestIncompatibleUpgradeStopsOldConsumersAndWaitsForTheGroupToEmpty(t *testi
 
 	// Another claim protocol: stop the old consumers and wait for their pods.
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, reasonWaitingForPods, pods[0], pods[1])
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, v1alpha1.WaitingForOldPodsReason, pods[0], pods[1])
 	d := h.deployment("orders")
 	if *d.Spec.Replicas != 0 || d.Spec.Template.Spec.Containers[0].Image != imageV1 {
 		t.Fatalf("deployment = %d × %s, want the old version scaled to 0", *d.Spec.Replicas, d.Spec.Template.Spec.Containers[0].Image)
@@ -362,8 +362,8 @@ func TestIncompatibleUpgradeStopsOldConsumersAndWaitsForTheGroupToEmpty(t *testi
 	// The pods are gone; a member of the old version is still in the group.
 	h.deletePods(pods...)
 	res := h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, reasonWaitingForGroup, "client old-consumer")
-	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionFalse, reasonWaitingForGroup)
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, v1alpha1.WaitingForConsumerGroupReason, "client old-consumer")
+	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.WaitingForConsumerGroupReason)
 	if res.RequeueAfter != testPollInterval {
 		t.Errorf("requeue after %s, want %s: no watch reports Kafka", res.RequeueAfter, testPollInterval)
 	}
@@ -375,7 +375,7 @@ func TestIncompatibleUpgradeStopsOldConsumersAndWaitsForTheGroupToEmpty(t *testi
 	member.Close()
 	waitForMembers(t, h.seeds, inbox.Spec.Kafka.ConsumerGroup, func(m []GroupMember) bool { return len(m) == 0 })
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, reasonCheckingRegistry)
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, v1alpha1.CheckingRegistryReason)
 	check := h.onlyJob("orders", componentProbe)
 	if check.Annotations[annotationConsumersStopped] != "true" {
 		t.Fatalf("registry probe %s was not taken after the stop", check.Name)
@@ -384,7 +384,7 @@ func TestIncompatibleUpgradeStopsOldConsumersAndWaitsForTheGroupToEmpty(t *testi
 
 	// Nothing old is left: migrate with the new image, then start it.
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionFalse, reasonNothingToStop)
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionFalse, v1alpha1.NoOtherConsumersReason)
 	migration := h.onlyJob("orders", componentMigration)
 	if got := migration.Spec.Template.Spec.Containers[0].Image; got != imageV2 {
 		t.Errorf("migration image = %s, want %s", got, imageV2)
@@ -400,7 +400,7 @@ func TestIncompatibleUpgradeStopsOldConsumersAndWaitsForTheGroupToEmpty(t *testi
 	}
 	h.rollOut("orders")
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionTrue, reasonReady, "v2.0.0", "insert-first-v2")
+	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ConsumersReadyReason, "v2.0.0", "insert-first-v2")
 	if st := h.get("orders").Status; st.RunningClaimProtocol != "insert-first-v2" || st.TargetClaimProtocol != "insert-first-v2" {
 		t.Errorf("status running/target = %s/%s, want insert-first-v2", st.RunningClaimProtocol, st.TargetClaimProtocol)
 	}
@@ -421,21 +421,21 @@ func TestLiveOldConsumerInTheRegistryBlocksUntilItIsGone(t *testing.T) {
 		ClaimProtocol: "insert-first-v1", HeartbeatAt: h.clock.Now()}
 	h.completeJob(check, laptop)
 	res := h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, reasonWaitingForRegistry, "laptop-7", "insert-first-v1")
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, v1alpha1.WaitingForRegistryReason, "laptop-7", "insert-first-v1")
 	if res.RequeueAfter != testPollInterval {
 		t.Errorf("requeue after %s, want a registry read again after %s", res.RequeueAfter, testPollInterval)
 	}
 
 	// Until the next read is due, and while it runs, the last finding stands and nothing migrates.
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, reasonWaitingForRegistry, "laptop-7")
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, v1alpha1.WaitingForRegistryReason, "laptop-7")
 	h.clock.Step(testPollInterval)
 	h.reconcile("orders")
 	recheck := h.onlyJob("orders", componentProbe)
 	if recheck.Name == check.Name {
 		t.Fatal("the registry was not read again")
 	}
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, reasonWaitingForRegistry, "laptop-7")
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, v1alpha1.WaitingForRegistryReason, "laptop-7")
 	if len(h.jobsOfImage("orders", componentMigration, imageV2)) != 0 {
 		t.Fatal("migrated while an old consumer is live in the registry")
 	}
@@ -443,7 +443,7 @@ func TestLiveOldConsumerInTheRegistryBlocksUntilItIsGone(t *testing.T) {
 	// The laptop's heartbeat expired: the rollout proceeds.
 	h.completeJob(recheck)
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionFalse, reasonNothingToStop)
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionFalse, v1alpha1.NoOtherConsumersReason)
 	h.onlyJob("orders", componentMigration)
 }
 
@@ -456,7 +456,7 @@ func TestSupervisedUpgradeWaitsForApprovalBeforeStoppingTheConsumers(t *testing.
 	h.completeJob(h.onlyJob("orders", componentProbe))
 
 	res := h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, reasonAwaitingApproval,
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, v1alpha1.AwaitingApprovalReason,
 		"kubectl annotate sequentialinbox orders inbox.seqinbox.dev/approve-rollout=v2.0.0")
 	if res.RequeueAfter != 0 {
 		t.Errorf("requeue after %s; the approval annotation triggers the next pass", res.RequeueAfter)
@@ -470,7 +470,7 @@ func TestSupervisedUpgradeWaitsForApprovalBeforeStoppingTheConsumers(t *testing.
 		metav1.SetMetaDataAnnotation(&in.ObjectMeta, v1alpha1.ApproveRolloutAnnotation, "v1.0.1")
 	})
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, reasonAwaitingApproval)
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, v1alpha1.AwaitingApprovalReason)
 	if d := h.deployment("orders"); *d.Spec.Replicas != 2 {
 		t.Fatalf("an approval of v1.0.1 stopped the consumers for v2.0.0")
 	}
@@ -482,7 +482,7 @@ func TestSupervisedUpgradeWaitsForApprovalBeforeStoppingTheConsumers(t *testing.
 	if d := h.deployment("orders"); *d.Spec.Replicas != 0 {
 		t.Fatalf("approved, but the old consumers still run (replicas %d)", *d.Spec.Replicas)
 	}
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, reasonCheckingRegistry)
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, v1alpha1.CheckingRegistryReason)
 }
 
 func TestPodsOfAnUnknownVersionAreNotProvenCompatible(t *testing.T) {
@@ -498,7 +498,7 @@ func TestPodsOfAnUnknownVersionAreNotProvenCompatible(t *testing.T) {
 	}
 	h.completeJob(probe)
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, reasonWaitingForPods, leftovers[0], "unknown engine version")
+	h.expectCondition("orders", v1alpha1.ConditionRolloutBlocked, metav1.ConditionTrue, v1alpha1.WaitingForOldPodsReason, leftovers[0], "unknown engine version")
 	h.noDeployment("orders")
 }
 
@@ -517,7 +517,7 @@ func TestDeletionStopsTheConsumersAndWaitsForTheirPods(t *testing.T) {
 	if !controllerutil.ContainsFinalizer(inbox, finalizerName) {
 		t.Fatal("the finalizer went while consumer pods still exist")
 	}
-	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionFalse, reasonDeleting, pods[0], pods[1])
+	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.DeletingReason, pods[0], pods[1])
 
 	h.deletePods(pods...)
 	h.reconcile("orders")

@@ -21,17 +21,6 @@ import (
 // partition count gets no partition, and consumers beyond the connection budget would exhaust
 // the database's connections. The ScalingLimited condition says when a cap applies.
 
-// Reasons of the ScalingLimited condition.
-const (
-	reasonWithinLimits          = "WithinLimits"
-	reasonPartitionCount        = "PartitionCount"
-	reasonConnectionBudget      = "ConnectionBudget"
-	reasonPartitionCountUnknown = "PartitionCountUnknown"
-	// reasonKafkaAccessFailed (Degraded): the brokers refused or did not answer the operator,
-	// which connects with the same settings and Secrets as the consumers.
-	reasonKafkaAccessFailed = "KafkaAccessFailed"
-)
-
 // partitionRecheck is how often a pass reads the partition count again while it caps or could
 // not be read: partitions added to a topic lift the cap without any watch event.
 const partitionRecheck = time.Minute
@@ -63,7 +52,7 @@ func budgetCap(spec *v1alpha1.SequentialInboxSpec) (replicaCap, bool) {
 	if !ok {
 		return replicaCap{}, false
 	}
-	return replicaCap{limit: n, reason: reasonConnectionBudget, why: fmt.Sprintf(
+	return replicaCap{limit: n, reason: v1alpha1.ConnectionBudgetReason, why: fmt.Sprintf(
 		"spec.database.connectionBudget %d fits %d consumer(s) of poolSize %d (+%d maintenance connections each) next to the migration Job's connection",
 		*spec.Database.ConnectionBudget, n, spec.Database.PoolSize, v1alpha1.MaintenanceConnections)}, true
 }
@@ -81,7 +70,7 @@ func partitionCap(partitions map[string]int32) (replicaCap, bool) {
 		return replicaCap{}, false
 	}
 	slices.Sort(topics)
-	return replicaCap{limit: total, reason: reasonPartitionCount, why: fmt.Sprintf(
+	return replicaCap{limit: total, reason: v1alpha1.PartitionCountReason, why: fmt.Sprintf(
 		"the topics have %d partition(s) in total: %s; a consumer beyond that would get no partition",
 		total, strings.Join(topics, ", "))}, true
 }
@@ -101,7 +90,7 @@ func (r *Reconciler) planReplicas(ctx context.Context, s *scope) (phaseResult, e
 		switch c, ok := partitionCap(partitions); {
 		case err != nil:
 			readErr = err
-			s.problem(reasonKafkaAccessFailed, fmt.Sprintf("The operator cannot read the topics: %v.", err))
+			s.problem(v1alpha1.KafkaAccessFailedReason, fmt.Sprintf("The operator cannot read the topics: %v.", err))
 		case ok:
 			caps = append(caps, c)
 		default:
@@ -117,10 +106,10 @@ func (r *Reconciler) planReplicas(ctx context.Context, s *scope) (phaseResult, e
 			"spec.replicas asks for %d consumer(s); %d run: %s.", requested, replicas, binding.why)))
 	case readErr != nil:
 		s.recheck = partitionRecheck
-		s.setCondition(condition(v1alpha1.ConditionScalingLimited, metav1.ConditionUnknown, reasonPartitionCountUnknown, truncate(fmt.Sprintf(
+		s.setCondition(condition(v1alpha1.ConditionScalingLimited, metav1.ConditionUnknown, v1alpha1.PartitionCountUnknownReason, truncate(fmt.Sprintf(
 			"%d consumer(s) run as spec.replicas asks, uncapped by the partition count, which is unknown: %v.", replicas, readErr))))
 	default:
-		s.setCondition(condition(v1alpha1.ConditionScalingLimited, metav1.ConditionFalse, reasonWithinLimits, fmt.Sprintf(
+		s.setCondition(condition(v1alpha1.ConditionScalingLimited, metav1.ConditionFalse, v1alpha1.WithinLimitsReason, fmt.Sprintf(
 			"%d consumer(s) run as spec.replicas asks.", replicas)))
 	}
 	return proceed, nil

@@ -15,8 +15,8 @@ import (
 )
 
 func TestCapReplicasTakesTheLowestCap(t *testing.T) {
-	partitions := replicaCap{limit: 4, reason: reasonPartitionCount}
-	budget := replicaCap{limit: 3, reason: reasonConnectionBudget}
+	partitions := replicaCap{limit: 4, reason: v1alpha1.PartitionCountReason}
+	budget := replicaCap{limit: 3, reason: v1alpha1.ConnectionBudgetReason}
 	cases := []struct {
 		name       string
 		requested  int32
@@ -27,8 +27,8 @@ func TestCapReplicasTakesTheLowestCap(t *testing.T) {
 		{name: "no caps", requested: 7, want: 7},
 		{name: "below every cap", requested: 2, caps: []replicaCap{partitions, budget}, want: 2},
 		{name: "equal to a cap is not capped", requested: 3, caps: []replicaCap{partitions, budget}, want: 3},
-		{name: "partition count binds", requested: 10, caps: []replicaCap{partitions}, want: 4, wantReason: reasonPartitionCount},
-		{name: "the lower cap binds", requested: 10, caps: []replicaCap{partitions, budget}, want: 3, wantReason: reasonConnectionBudget},
+		{name: "partition count binds", requested: 10, caps: []replicaCap{partitions}, want: 4, wantReason: v1alpha1.PartitionCountReason},
+		{name: "the lower cap binds", requested: 10, caps: []replicaCap{partitions, budget}, want: 3, wantReason: v1alpha1.ConnectionBudgetReason},
 		{name: "zero stays zero", requested: 0, caps: []replicaCap{partitions, budget}, want: 0},
 	}
 	for _, tc := range cases {
@@ -109,8 +109,8 @@ func TestKubectlScaleIsKeptAcrossReconciles(t *testing.T) {
 	if want := "app.kubernetes.io/component=consumer,app.kubernetes.io/instance=orders,app.kubernetes.io/name=seqinbox"; scale.Status.Selector != want {
 		t.Errorf("scale selector = %q, want %q", scale.Status.Selector, want)
 	}
-	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionFalse, reasonWithinLimits, "3 consumer(s)")
-	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionTrue, reasonReady, "3 of 3")
+	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionFalse, v1alpha1.WithinLimitsReason, "3 consumer(s)")
+	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ConsumersReadyReason, "3 of 3")
 
 	h.scaleTo("orders", 0)
 	h.reconcile("orders")
@@ -130,7 +130,7 @@ func TestScaleIsCappedByThePartitionCount(t *testing.T) {
 	if got := *h.deployment("orders").Spec.Replicas; got != 4 {
 		t.Fatalf("deployment replicas = %d for 10 asked on 4 partitions, want 4", got)
 	}
-	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionTrue, reasonPartitionCount,
+	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionTrue, v1alpha1.PartitionCountReason,
 		"asks for 10", "4 run", "orders (4)")
 	if got := ptr.Deref(h.get("orders").Spec.Replicas, -1); got != 10 {
 		t.Errorf("spec.replicas = %d, want the asked 10 left alone", got)
@@ -144,7 +144,7 @@ func TestScaleIsCappedByThePartitionCount(t *testing.T) {
 
 	h.scaleTo("orders", 2)
 	h.reconcile("orders")
-	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionFalse, reasonWithinLimits)
+	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionFalse, v1alpha1.WithinLimitsReason)
 	if got := *h.deployment("orders").Spec.Replicas; got != 2 {
 		t.Errorf("deployment replicas = %d, want 2", got)
 	}
@@ -161,9 +161,9 @@ func TestScaleIsCappedByTheConnectionBudget(t *testing.T) {
 	if got := *h.deployment("orders").Spec.Replicas; got != 3 {
 		t.Fatalf("deployment replicas = %d with a budget of 43 and poolSize 10 (+4), want 3", got)
 	}
-	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionTrue, reasonConnectionBudget,
+	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionTrue, v1alpha1.ConnectionBudgetReason,
 		"asks for 4", "3 run", "connectionBudget 43")
-	h.expectCondition("orders", v1alpha1.ConditionConfigValid, metav1.ConditionTrue, reasonValid)
+	h.expectCondition("orders", v1alpha1.ConditionConfigValid, metav1.ConditionTrue, v1alpha1.ValidReason)
 }
 
 func TestUnreadablePartitionCountDoesNotCap(t *testing.T) {
@@ -174,7 +174,7 @@ func TestUnreadablePartitionCountDoesNotCap(t *testing.T) {
 	if got := *h.deployment("orders").Spec.Replicas; got != 2 {
 		t.Fatalf("deployment replicas = %d, want the asked 2", got)
 	}
-	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionUnknown, reasonPartitionCountUnknown,
+	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionUnknown, v1alpha1.PartitionCountUnknownReason,
 		"none of the topics orders exists yet")
 }
 
@@ -197,15 +197,15 @@ func TestStrimziSecretsReachASecuredKafkaAndAWrongPasswordIsACondition(t *testin
 			PasswordSecretRef: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "orders-user"}, Key: "password"}}
 	})
 	h.bringUp("orders")
-	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionFalse, reasonWithinLimits)
-	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, reasonAsExpected)
+	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionFalse, v1alpha1.WithinLimitsReason)
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.AsExpectedReason)
 
 	h.must(k8s.Update(h.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "orders-user", Namespace: h.ns},
 		Data: map[string][]byte{"user.crt": cert, "user.key": key, "password": []byte("wrong")}}))
 	res := h.reconcile("orders") // fails the test on a reconcile error: no crash loop
-	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, reasonKafkaAccessFailed,
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.KafkaAccessFailedReason,
 		"SASL SCRAM-SHA-512", `user "orders-user"`, "Secret orders-user key password", "client certificate of Secret orders-user")
-	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionUnknown, reasonPartitionCountUnknown)
+	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionUnknown, v1alpha1.PartitionCountUnknownReason)
 	if res.RequeueAfter != partitionRecheck {
 		t.Errorf("requeue after %s, want %s: a fixed Secret raises no watch event", res.RequeueAfter, partitionRecheck)
 	}

@@ -240,8 +240,8 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, inbox *v1alpha1.Sequen
 		before := inbox.DeepCopy()
 		message := fmt.Sprintf("Waiting for %d consumer pod(s) to terminate before the SequentialInbox goes: %v.",
 			len(s.consumerPods), podNames(s.consumerPods))
-		s.setCondition(condition(v1alpha1.ConditionReady, metav1.ConditionFalse, reasonDeleting, message))
-		s.setCondition(condition(v1alpha1.ConditionProgressing, metav1.ConditionTrue, reasonDeleting, message))
+		s.setCondition(condition(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.DeletingReason, message))
+		s.setCondition(condition(v1alpha1.ConditionProgressing, metav1.ConditionTrue, v1alpha1.DeletingReason, message))
 		return r.patchStatus(ctx, before, inbox, ctrl.Result{RequeueAfter: r.PollInterval}, nil)
 	}
 	before := inbox.DeepCopy()
@@ -298,7 +298,7 @@ func (r *Reconciler) reportTransitions(before, after *v1alpha1.SequentialInbox) 
 func warns(c metav1.Condition) bool {
 	switch c.Type {
 	case v1alpha1.ConditionConfigValid, v1alpha1.ConditionSchemaReady:
-		return c.Status == metav1.ConditionFalse && c.Reason != reasonMigrating
+		return c.Status == metav1.ConditionFalse && c.Reason != v1alpha1.MigrationRunningReason
 	case v1alpha1.ConditionDegraded:
 		return c.Status == metav1.ConditionTrue
 	}

@@ -13,36 +13,7 @@ import (
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 )
 
-// Condition reasons: CamelCase and stable, for machines and `kubectl wait`; messages are for people.
-const (
-	reasonValid       = "Valid"
-	reasonInvalidSpec = "InvalidSpec"
-
-	reasonProbing       = "ProbingTargetImage"
-	reasonProbeFailed   = "ProbeFailed"
-	reasonMigrationWait = "MigrationPending"
-	reasonMigrating     = "MigrationRunning"
-	reasonMigrationFail = "MigrationFailed"
-	reasonMigrated      = "Migrated"
-
-	reasonSameProtocol       = "SameClaimProtocol"
-	reasonNothingToStop      = "NoOtherConsumers"
-	reasonAwaitingApproval   = "AwaitingApproval"
-	reasonWaitingForPods     = "WaitingForOldPods"
-	reasonWaitingForGroup    = "WaitingForConsumerGroup"
-	reasonGroupUnknown       = "ConsumerGroupUnknown"
-	reasonCheckingRegistry   = "CheckingRegistry"
-	reasonWaitingForRegistry = "WaitingForRegistry"
-
-	reasonRollingOut      = "RollingOut"
-	reasonUnavailable     = "ConsumersUnavailable"
-	reasonReady           = "ConsumersReady"
-	reasonReconciled      = "Reconciled"
-	reasonAsExpected      = "AsExpected"
-	reasonPollInterval    = "MaxPollIntervalTooShort"
-	reasonDeploymentStuck = "DeploymentFailing"
-	reasonDeleting        = "Deleting"
-)
+// Condition reasons are API and live in api/v1alpha1 (…Reason); messages are for people.
 
 func condition(typ string, status metav1.ConditionStatus, reason, message string) metav1.Condition {
 	return metav1.Condition{Type: typ, Status: status, Reason: reason, Message: message}
@@ -51,14 +22,14 @@ func condition(typ string, status metav1.ConditionStatus, reason, message string
 // configValidCondition lists every validation error with its field path.
 func configValidCondition(errs field.ErrorList) metav1.Condition {
 	if len(errs) == 0 {
-		return condition(v1alpha1.ConditionConfigValid, metav1.ConditionTrue, reasonValid,
+		return condition(v1alpha1.ConditionConfigValid, metav1.ConditionTrue, v1alpha1.ValidReason,
 			"The sequences, the connection budget and the poll interval were checked.")
 	}
 	lines := make([]string, len(errs))
 	for i, e := range errs {
 		lines[i] = e.Error()
 	}
-	return condition(v1alpha1.ConditionConfigValid, metav1.ConditionFalse, reasonInvalidSpec,
+	return condition(v1alpha1.ConditionConfigValid, metav1.ConditionFalse, v1alpha1.InvalidSpecReason,
 		truncate("The spec is invalid; the running consumers are left as they are: "+strings.Join(lines, "; ")))
 }
 
@@ -84,22 +55,22 @@ func readyCondition(s *scope) metav1.Condition {
 	}
 	conds := s.inbox.Status.Conditions
 	if c := meta.FindStatusCondition(conds, v1alpha1.ConditionConfigValid); c == nil || c.Status != metav1.ConditionTrue {
-		return not(reasonInvalidSpec, "The spec is invalid; see the ConfigValid condition.")
+		return not(v1alpha1.InvalidSpecReason, "The spec is invalid; see the ConfigValid condition.")
 	}
 	if s.waiting != nil {
 		return not(s.waiting.reason, s.waiting.message)
 	}
 	if c := meta.FindStatusCondition(conds, v1alpha1.ConditionSchemaReady); c == nil || c.Status != metav1.ConditionTrue {
-		return not(reasonMigrationWait, "The schema is not migrated yet; see the SchemaReady condition.")
+		return not(v1alpha1.MigrationPendingReason, "The schema is not migrated yet; see the SchemaReady condition.")
 	}
 	if meta.IsStatusConditionTrue(conds, v1alpha1.ConditionRolloutBlocked) {
 		c := meta.FindStatusCondition(conds, v1alpha1.ConditionRolloutBlocked)
 		return not(c.Reason, c.Message)
 	}
 	if ok, msg := deploymentAvailable(s.deployment); !ok {
-		return not(reasonUnavailable, msg)
+		return not(v1alpha1.ConsumersUnavailableReason, msg)
 	}
-	return condition(v1alpha1.ConditionReady, metav1.ConditionTrue, reasonReady,
+	return condition(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ConsumersReadyReason,
 		fmt.Sprintf("%d of %d consumers are ready, engine %s (claim protocol %s).",
 			s.deployment.Status.ReadyReplicas, desiredReplicas(s.deployment), s.running.Version, s.running.ClaimProtocol))
 }
@@ -107,16 +78,16 @@ func readyCondition(s *scope) metav1.Condition {
 // progressingCondition is True while the operator waits for something on the way to the spec.
 func progressingCondition(s *scope) metav1.Condition {
 	if !meta.IsStatusConditionTrue(s.inbox.Status.Conditions, v1alpha1.ConditionConfigValid) {
-		return condition(v1alpha1.ConditionProgressing, metav1.ConditionFalse, reasonInvalidSpec,
+		return condition(v1alpha1.ConditionProgressing, metav1.ConditionFalse, v1alpha1.InvalidSpecReason,
 			"Nothing changes until the spec is fixed.")
 	}
 	if s.waiting != nil {
 		return condition(v1alpha1.ConditionProgressing, metav1.ConditionTrue, s.waiting.reason, s.waiting.message)
 	}
 	if ok, msg := deploymentAvailable(s.deployment); !ok {
-		return condition(v1alpha1.ConditionProgressing, metav1.ConditionTrue, reasonRollingOut, msg)
+		return condition(v1alpha1.ConditionProgressing, metav1.ConditionTrue, v1alpha1.RollingOutReason, msg)
 	}
-	return condition(v1alpha1.ConditionProgressing, metav1.ConditionFalse, reasonReconciled,
+	return condition(v1alpha1.ConditionProgressing, metav1.ConditionFalse, v1alpha1.ReconciledReason,
 		"The consumers run the spec's generation.")
 }
 
@@ -129,12 +100,12 @@ func degradedCondition(s *scope) metav1.Condition {
 			stuck := c.Type == appsv1.DeploymentReplicaFailure && c.Status == corev1.ConditionTrue ||
 				c.Type == appsv1.DeploymentProgressing && c.Status == corev1.ConditionFalse
 			if stuck {
-				problems = append(problems, note{reasonDeploymentStuck, fmt.Sprintf("Deployment %s: %s: %s", d.Name, c.Reason, c.Message)})
+				problems = append(problems, note{v1alpha1.DeploymentFailingReason, fmt.Sprintf("Deployment %s: %s: %s", d.Name, c.Reason, c.Message)})
 			}
 		}
 	}
 	if len(problems) == 0 {
-		return condition(v1alpha1.ConditionDegraded, metav1.ConditionFalse, reasonAsExpected, "Nothing needs attention.")
+		return condition(v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.AsExpectedReason, "Nothing needs attention.")
 	}
 	messages := make([]string, len(problems))
 	for i, p := range problems {

@@ -320,7 +320,7 @@ func (h *harness) bringUp(name string) {
 	h.reconcile(name)
 	h.rollOut(name)
 	h.reconcile(name)
-	h.expectCondition(name, v1alpha1.ConditionReady, metav1.ConditionTrue, reasonReady)
+	h.expectCondition(name, v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ConsumersReadyReason)
 }
 
 // events returns the notes of the Events about an inbox with the reason, waiting until at

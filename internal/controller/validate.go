@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/declaration"
 )
 
@@ -22,7 +23,7 @@ func (r *Reconciler) validate(_ context.Context, s *scope) (phaseResult, error) 
 	}
 	s.set = set
 	if warning := checkPollInterval(&s.inbox.Spec, declaration.LongestChain(set)); warning != nil {
-		s.problem(reasonPollInterval, warning.Error())
+		s.problem(v1alpha1.MaxPollIntervalTooShortReason, warning.Error())
 	}
 	return proceed, nil
 }

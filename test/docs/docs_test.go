@@ -112,9 +112,23 @@ func TestDeadLetterReferenceNamesEveryHeaderAndReason(t *testing.T) {
 }
 
 func TestTroubleshootingNamesEveryConditionAndReason(t *testing.T) {
-	code := sourceMatches(t, regexp.MustCompile(`(?m)^\s*(?:const\s+)?(?:[Rr]eason|Condition)\w*\s*=\s*"([A-Z][A-Za-z]+)"`), "api", "internal/controller")
+	code := sourceMatches(t, regexp.MustCompile(`(?m)^\s*(?:const\s+)?(?:Condition\w+|\w+Reason|reason\w+)\s*=\s*"([A-Z][A-Za-z]+)"`), "api", "internal/controller")
 	page := readFile(t, filepath.Join(repoRoot(t), "docs", "troubleshooting.md"))
 	compare(t, "docs/troubleshooting.md", code, tableNames(page))
+}
+
+func TestEveryReasonConstantIsNamedAsItsValue(t *testing.T) {
+	re := regexp.MustCompile(`(?m)^\s*(?:const\s+)?(\w+)Reason\s*=\s*"(\w+)"`)
+	data := readFile(t, filepath.Join(repoRoot(t), "api", "v1alpha1", "conditions.go"))
+	matches := re.FindAllStringSubmatch(data, -1)
+	if len(matches) == 0 {
+		t.Fatal("api/v1alpha1/conditions.go defines no …Reason constants")
+	}
+	for _, m := range matches {
+		if m[1] != m[2] {
+			t.Errorf("%sReason = %q: name a reason constant as its value (%sReason)", m[1], m[2], m[2])
+		}
+	}
 }
 
 func TestReadmeShowsTheSchemaVersionOfThisBuild(t *testing.T) {
