@@ -284,12 +284,19 @@ func (f *Fence) Run(ctx context.Context, onChange func(ready bool, reason string
 	for {
 		// Every statement of a pass, and its wait for a connection, ends within the interval.
 		cctx, cancel := context.WithTimeout(ctx, f.interval)
-		ready, reason := f.check(cctx, &lastBeat)
+		ready, reason, unsure := f.check(cctx, &lastBeat)
 		cancel()
 		if ctx.Err() != nil {
 			return nil
 		}
-		report(ready, reason)
+		// A pass that could not read the database (a slow or lost connection) proves nothing new:
+		// a ready consumer stays ready while its heartbeats are inside the liveness window, as it
+		// does when a heartbeat fails, so that one slow query does not make it leave the group.
+		if unsure && lastReady != nil && *lastReady && f.clock.Now().Sub(lastBeat) < f.window-f.interval {
+			f.log.Info("fence pass could not read the database; readiness kept within the liveness window", "error", reason)
+		} else {
+			report(ready, reason)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -299,10 +306,11 @@ func (f *Fence) Run(ctx context.Context, onChange func(ready bool, reason string
 }
 
 // check is one pass of Run: schema, heartbeat, conflicts. lastBeat is when the last successful
-// heartbeat was sent, by the injected clock.
-func (f *Fence) check(ctx context.Context, lastBeat *time.Time) (ready bool, reason string) {
+// heartbeat was sent, by the injected clock. unsure is true when the pass is not ready only because
+// a read failed, not because of what it read.
+func (f *Fence) check(ctx context.Context, lastBeat *time.Time) (ready bool, reason string, unsure bool) {
 	if _, err := CheckSchema(ctx, f.pool); err != nil {
-		return false, err.Error()
+		return false, err.Error(), !errors.Is(err, ErrSchemaOlder)
 	}
 	sent := f.clock.Now()
 	var err error
@@ -317,15 +325,15 @@ func (f *Fence) check(ctx context.Context, lastBeat *time.Time) (ready bool, rea
 		f.log.Error(err, "heartbeat failed")
 	}
 	if lastBeat.IsZero() {
-		return false, fmt.Sprintf("cannot register in the consumer registry: %v", err)
+		return false, fmt.Sprintf("cannot register in the consumer registry: %v", err), false
 	}
 	if silent := f.clock.Now().Sub(*lastBeat); silent >= f.window-f.interval {
 		return false, fmt.Sprintf("no successful heartbeat for %s (last error: %v); other consumers may soon take this one for gone",
-			silent.Round(time.Second), err)
+			silent.Round(time.Second), err), false
 	}
 	conflicts, err := f.Conflicts(ctx)
 	if err != nil {
-		return false, err.Error()
+		return false, err.Error(), true
 	}
 	if len(conflicts) > 0 {
 		names := make([]string, len(conflicts))
@@ -333,7 +341,7 @@ func (f *Fence) check(ctx context.Context, lastBeat *time.Time) (ready bool, rea
 			names[i] = c.String()
 		}
 		return false, fmt.Sprintf("waiting for live consumers of another claim protocol to stop: %s; this consumer speaks %s",
-			strings.Join(names, ", "), f.id.ClaimProtocol)
+			strings.Join(names, ", "), f.id.ClaimProtocol), false
 	}
-	return true, ""
+	return true, "", false
 }

@@ -175,3 +175,44 @@ func TestRunTurnsNotReadyWhenItsOwnHeartbeatsKeepFailing(t *testing.T) {
 		t.Fatalf("readiness after heartbeats recovered = %+v, want ready", c)
 	}
 }
+
+func TestRunKeepsReadinessThroughFailedReadsWithinTheLivenessWindow(t *testing.T) {
+	ctx := context.Background()
+	pool := migratedDatabase(t, 0)
+	clock := newManualClock()
+	r := startRun(t, newFence(t, pool, identity("a", "orders", "proto-a"), clock))
+	if c := r.next(t); !c.ready {
+		t.Fatalf("first readiness = %+v, want ready", c)
+	}
+
+	// From now on every read of the schema ledger fails inside the database, as a lost or slow
+	// connection would make it fail; heartbeats are never reached, so they stop too.
+	_, err := pool.Exec(ctx, `
+		ALTER TABLE `+migrations.LedgerTable+` RENAME TO ledger_hidden;
+		CREATE FUNCTION refuse_read() RETURNS boolean LANGUAGE plpgsql AS
+		  $$BEGIN RAISE EXCEPTION 'read refused by test'; END$$;
+		CREATE VIEW `+migrations.LedgerTable+` AS SELECT * FROM ledger_hidden WHERE refuse_read();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One failed pass: the last heartbeat is one interval old; the consumer keeps processing.
+	clock.Advance(t, fence.DefaultHeartbeatInterval)
+	r.noChange(t, clock)
+	// Two: the last heartbeat is window minus interval old; stop before others take it for gone.
+	clock.Advance(t, fence.DefaultHeartbeatInterval)
+	c := r.next(t)
+	if c.ready || !strings.Contains(c.reason, "read refused by test") {
+		t.Fatalf("readiness after failed reads = %+v, want not ready naming the error", c)
+	}
+
+	_, err = pool.Exec(ctx, `
+		DROP VIEW `+migrations.LedgerTable+`;
+		ALTER TABLE ledger_hidden RENAME TO `+migrations.LedgerTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(t, fence.DefaultHeartbeatInterval)
+	if c := r.next(t); !c.ready {
+		t.Fatalf("readiness after reads recovered = %+v, want ready", c)
+	}
+}
