@@ -10,6 +10,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -162,4 +163,55 @@ func TestConsumerGroupIsImmutable(t *testing.T) {
 	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "immutable") {
 		t.Fatalf("update of the consumer group = %v, want rejection as immutable", err)
 	}
+}
+
+// TestAPIServerRefusesInvalidDurationsNamingTheField writes every duration field of the spec as
+// text a typed client could not send (unstructured), and out of its bounds.
+func TestAPIServerRefusesInvalidDurationsNamingTheField(t *testing.T) {
+	fields := [][]string{
+		{"database", "idleLockTimeout"}, {"sink", "timeout"}, {"sink", "initialBackoff"},
+		{"housekeeping", "interval"}, {"housekeeping", "expiryDelay"}, {"housekeeping", "maxDuration"},
+	}
+	values := []string{"tenseconds", "10", "-5s", "100000h"}
+	for _, f := range fields {
+		for _, v := range values {
+			path := "spec." + strings.Join(f, ".")
+			t.Run(path+"="+v, func(t *testing.T) {
+				obj := unstructuredInbox(t, validInbox("duration"))
+				if err := unstructured.SetNestedField(obj.Object, v, append([]string{"spec"}, f...)...); err != nil {
+					t.Fatal(err)
+				}
+				err := k8s.Create(context.Background(), obj)
+				if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), path+" must be a duration") {
+					t.Fatalf("create with %s %q = %v, want Invalid naming %s", path, v, err, path)
+				}
+			})
+		}
+	}
+	for _, v := range values {
+		t.Run("retention="+v, func(t *testing.T) {
+			obj := unstructuredInbox(t, validInbox("duration"))
+			sequences, _, _ := unstructured.NestedSlice(obj.Object, "spec", "sequences")
+			sequences[0].(map[string]any)["retention"] = v
+			if err := unstructured.SetNestedSlice(obj.Object, sequences, "spec", "sequences"); err != nil {
+				t.Fatal(err)
+			}
+			err := k8s.Create(context.Background(), obj)
+			if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.sequences[0].retention") {
+				t.Fatalf("create with retention %q = %v, want Invalid naming spec.sequences[0].retention", v, err)
+			}
+		})
+	}
+}
+
+// unstructuredInbox renders a typed inbox as the unstructured object a client would send.
+func unstructuredInbox(t *testing.T, in *v1alpha1.SequentialInbox) *unstructured.Unstructured {
+	t.Helper()
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := &unstructured.Unstructured{Object: m}
+	obj.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("SequentialInbox"))
+	return obj
 }

@@ -224,7 +224,10 @@ type DatabaseSpec struct {
 	// (PostgreSQL idle_in_transaction_session_timeout).
 	// +optional
 	// +kubebuilder:default="30s"
-	IdleLockTimeout metav1.Duration `json:"idleLockTimeout,omitempty"`
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="spec.database.idleLockTimeout must be a duration such as 30s, from 1s to 1h"
+	IdleLockTimeout metav1.Duration `json:"idleLockTimeout,omitzero"`
 }
 
 // SinkSpec is the team's HTTP service that receives released messages: a URL or a Service
@@ -252,7 +255,10 @@ type SinkSpec struct {
 	// Timeout of one delivery attempt.
 	// +optional
 	// +kubebuilder:default="10s"
-	Timeout metav1.Duration `json:"timeout,omitempty"`
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('10ms') && duration(self) <= duration('1h')",message="spec.sink.timeout must be a duration such as 10s, from 10ms to 1h"
+	Timeout metav1.Duration `json:"timeout,omitzero"`
 
 	// Retries after a failed attempt (non-2xx, timeout, connection error) before the message is
 	// marked FAILED; attempts back off exponentially.
@@ -265,7 +271,10 @@ type SinkSpec struct {
 	// InitialBackoff is the wait before the first retry; it doubles for each further retry.
 	// +optional
 	// +kubebuilder:default="200ms"
-	InitialBackoff metav1.Duration `json:"initialBackoff,omitempty"`
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1ms') && duration(self) <= duration('10m')",message="spec.sink.initialBackoff must be a duration such as 200ms, from 1ms to 10m"
+	InitialBackoff metav1.Duration `json:"initialBackoff,omitzero"`
 
 	// ForwardHeaders names record headers that are sent to the sink as HTTP headers, in any
 	// case. The CloudEvents attributes (from the record's ce_ headers only), content-type,
@@ -340,12 +349,18 @@ type HousekeepingSpec struct {
 	// Interval between housekeeping runs (one consumer at a time runs it).
 	// +optional
 	// +kubebuilder:default="5m"
-	Interval metav1.Duration `json:"interval,omitempty"`
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1s') && duration(self) <= duration('24h')",message="spec.housekeeping.interval must be a duration such as 5m, from 1s to 24h"
+	Interval metav1.Duration `json:"interval,omitzero"`
 
 	// ExpiryDelay is how long an instance past its retention is kept before it is deleted.
 	// +optional
 	// +kubebuilder:default="1h"
-	ExpiryDelay metav1.Duration `json:"expiryDelay,omitempty"`
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('0s') && duration(self) <= duration('8760h')",message="spec.housekeeping.expiryDelay must be a duration such as 1h, from 0s to 8760h"
+	ExpiryDelay metav1.Duration `json:"expiryDelay,omitzero"`
 
 	// BatchSize is the number of instances deleted per transaction.
 	// +optional
@@ -357,11 +372,13 @@ type HousekeepingSpec struct {
 	// MaxDuration bounds one housekeeping run.
 	// +optional
 	// +kubebuilder:default="1m"
-	MaxDuration metav1.Duration `json:"maxDuration,omitempty"`
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="spec.housekeeping.maxDuration must be a duration such as 1m, from 1s to 1h"
+	MaxDuration metav1.Duration `json:"maxDuration,omitzero"`
 }
 
 // SequenceSpec is one sequence: the message types whose messages of one context are released in order.
-// +kubebuilder:validation:XValidation:rule="duration(self.retention) >= duration('60s')",message="retention must be at least one minute",fieldPath=".retention"
 type SequenceSpec struct {
 	// Name of the sequence, unique within the inbox.
 	// +kubebuilder:validation:MinLength=1
@@ -371,6 +388,9 @@ type SequenceSpec struct {
 
 	// Retention is how long an instance of this sequence is kept after it was created; its claims
 	// (the idempotence guarantee) go with it. At least one minute.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('60s') && duration(self) <= duration('87600h')",message="spec.sequences[].retention must be a duration such as 168h, from 60s (one minute) to 87600h"
 	Retention metav1.Duration `json:"retention"`
 
 	// Messages are the (qualified) message types of the sequence.
