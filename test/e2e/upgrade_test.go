@@ -41,6 +41,14 @@ func testUpgradeFromLegacy(t *testing.T, s *suite) {
 		return
 	}
 	t.Run("UpgradeUnderLoadNeverOverlaps", func(t *testing.T) { testUpgradeUnderLoad(t, s) })
+	if t.Failed() {
+		return
+	}
+	t.Run("CompatibleImageRollsWithoutStopping", func(t *testing.T) { testCompatibleRollout(t, s) })
+	if t.Failed() {
+		return
+	}
+	t.Run("SupervisedWaitsForApproval", func(t *testing.T) { testSupervisedRollout(t, s) })
 }
 
 // freshDatabase creates a fresh database and returns its URL for this process and for the pods.
@@ -408,4 +416,149 @@ func indent(s, prefix string) string {
 		lines[i] = prefix + l
 	}
 	return strings.Join(lines, "\n") + "\n"
+}
+
+// rolloutState is one observation of the upgrade inbox during a rollout.
+type rolloutState struct {
+	ready   int
+	blocked bool
+}
+
+// watchRollout polls the upgrade inbox's ready replicas and RolloutBlocked condition until the
+// returned function is called, which returns the observations.
+func watchRollout(ctx context.Context) func() []rolloutState {
+	var seen []rolloutState
+	done := make(chan struct{})
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			out, err := kubectlErr(ctx, nil, "-n", namespace, "get", "sqi", upgradeInbox, "-o",
+				`jsonpath={.status.replicasReady}|{.status.conditions[?(@.type=="RolloutBlocked")].status}`)
+			// An absent replicasReady (omitempty) is zero.
+			if ready, blocked, ok := strings.Cut(out, "|"); err == nil && ok {
+				var n int
+				_, _ = fmt.Sscan(ready, &n)
+				seen = append(seen, rolloutState{ready: n, blocked: blocked == "True"})
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}()
+	return func() []rolloutState {
+		cancel()
+		<-done
+		return seen
+	}
+}
+
+// testCompatibleRollout changes the upgrade inbox to a new tag of the same image (same engine,
+// same claim protocol) while orders arrive: the consumers roll without ever all stopping, the
+// rollout is never blocked, and every message reaches the sink once.
+func testCompatibleRollout(t *testing.T, s *suite) {
+	compat := env.image + "-compat"
+	if _, err := script(nil, "bash", "-c", `source hack/cluster/lib.sh && ctr images tag --force "$0" "$1" >/dev/null`, env.image, compat); err != nil {
+		t.Fatal(err)
+	}
+	stop := watchRollout(t.Context())
+	const first, orders = 1001, 20
+	loadDone := make(chan struct{})
+	go func() {
+		defer close(loadDone)
+		for b := range orders / 2 {
+			recs := orderRecordsFor(upgradeTopic, "upgrade-", first+2*b, 2, 2)
+			if err := s.producer.ProduceSync(t.Context(), recs...).FirstErr(); err != nil {
+				t.Errorf("produce: %v", err)
+				return
+			}
+			time.Sleep(time.Second) // the load's pace, not synchronisation
+		}
+	}()
+	start := time.Now()
+	kubectl(t, "-n", namespace, "patch", "sqi", upgradeInbox, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"image":%q}}`, compat))
+	awaitOnlyConsumer(t, compat)
+	<-loadDone
+	testenv.WaitUntil(t, "the inbox committed every record", 3*time.Minute, func() bool {
+		left, err := s.unprocessedOf(t.Context(), upgradeTopic, upgradeInbox)
+		return err == nil && left == 0
+	})
+	seen := stop()
+	t.Logf("compatible rollout to %s done in %.1fs, %d observations", compat, time.Since(start).Seconds(), len(seen))
+	for i, o := range seen {
+		if o.blocked {
+			t.Fatalf("observation %d: RolloutBlocked is True during a compatible rollout", i)
+		}
+		if o.ready < 1 {
+			t.Fatalf("observation %d: no consumer ready during a compatible rollout", i)
+		}
+	}
+	var mine []delivery
+	for _, d := range s.sink.accepted() {
+		if strings.HasPrefix(d.ID, "upgrade-") {
+			mine = append(mine, d)
+		}
+	}
+	checkExactlyOnceInOrderPrefixed(t, mine, "upgrade-", first, orders)
+}
+
+// testSupervisedRollout asks a Supervised inbox for an engine of another claim protocol: the
+// rollout waits, RolloutBlocked says for what, the running consumer keeps running; the approval
+// annotation lets it proceed.
+func testSupervisedRollout(t *testing.T, s *suite) {
+	before := awaitOnlyConsumer(t, env.image+"-compat")
+	kubectl(t, "-n", namespace, "patch", "sqi", upgradeInbox, "--type=merge", "-p",
+		fmt.Sprintf(`{"spec":{"upgradeStrategy":"Supervised","image":%q}}`, env.legacyImage))
+	var message string
+	testenv.WaitUntil(t, "RolloutBlocked asks for approval", 3*time.Minute, func() bool {
+		out, err := kubectlErr(t.Context(), nil, "-n", namespace, "get", "sqi", upgradeInbox, "-o",
+			`jsonpath={.status.conditions[?(@.type=="RolloutBlocked")].status} {.status.conditions[?(@.type=="RolloutBlocked")].message}`)
+		message = out
+		return err == nil && strings.HasPrefix(out, "True ") && strings.Contains(out, "approve-rollout")
+	})
+	t.Logf("RolloutBlocked: %s", message)
+	if after := upgradeConsumers(t); len(after) != 1 || after[0] != before+" "+env.image+"-compat true" {
+		t.Fatalf("consumer pods while waiting for approval: %q; want the running %s, ready", after, before)
+	}
+	version := kubectl(t, "-n", namespace, "get", "sqi", upgradeInbox, "-o", "jsonpath={.status.targetEngineVersion}")
+	kubectl(t, "-n", namespace, "annotate", "sqi", upgradeInbox, "inbox.seqinbox.dev/approve-rollout="+version)
+	testenv.WaitUntil(t, "the approved rollout finished", 5*time.Minute, func() bool {
+		out, err := kubectlErr(t.Context(), nil, "-n", namespace, "get", "sqi", upgradeInbox, "-o",
+			`jsonpath={.status.runningClaimProtocol} {.status.conditions[?(@.type=="Ready")].status}`)
+		return err == nil && out == "check-then-insert-v0 True"
+	})
+}
+
+// upgradeConsumers lists the upgrade inbox's consumer pods as "name image ready[ deletionTimestamp]".
+func upgradeConsumers(t *testing.T) []string {
+	t.Helper()
+	out, err := kubectlErr(t.Context(), nil, "-n", namespace, "get", "pods", "-l", "app.kubernetes.io/instance="+upgradeInbox+",app.kubernetes.io/component=consumer",
+		"-o", `jsonpath={range .items[*]}{.metadata.name} {.spec.containers[0].image} {.status.containerStatuses[0].ready} {.metadata.deletionTimestamp}{"\n"}{end}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pods []string
+	for _, line := range strings.Split(out, "\n") {
+		if line = strings.TrimSpace(line); line != "" {
+			pods = append(pods, line)
+		}
+	}
+	return pods
+}
+
+// awaitOnlyConsumer waits until the upgrade inbox has exactly one consumer pod, running image,
+// ready and not terminating (the rollout's old pods are gone), and returns its name.
+func awaitOnlyConsumer(t *testing.T, image string) string {
+	t.Helper()
+	var pods []string
+	testenv.WaitUntil(t, "one ready consumer of "+image+" and no other", 3*time.Minute, func() bool {
+		pods = upgradeConsumers(t)
+		if len(pods) != 1 {
+			return false
+		}
+		f := strings.Fields(pods[0])
+		return len(f) == 3 && f[1] == image && f[2] == "true"
+	})
+	return strings.Fields(pods[0])[0]
 }
