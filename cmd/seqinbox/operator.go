@@ -13,9 +13,11 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/controller"
+	"github.com/seqinbox/seqinbox/internal/inbox"
 	"github.com/seqinbox/seqinbox/internal/version"
 )
 
@@ -101,6 +103,9 @@ func runOperator(cmd *cobra.Command, opts operatorOptions) error {
 	}
 	if err := controller.Setup(mgr, controller.Options{DefaultImage: opts.image}); err != nil {
 		return fmt.Errorf("set up the SequentialInbox controller: %w", err)
+	}
+	if err := ctrlmetrics.Registry.Register(version.BuildInfo(version.Version, inbox.ClaimProtocol)); err != nil {
+		return fmt.Errorf("register build info: %w", err)
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("health check: %w", err)

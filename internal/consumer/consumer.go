@@ -38,6 +38,7 @@ import (
 	"github.com/seqinbox/seqinbox/internal/manifest"
 	"github.com/seqinbox/seqinbox/internal/sequence"
 	"github.com/seqinbox/seqinbox/internal/sink"
+	"github.com/seqinbox/seqinbox/internal/version"
 )
 
 // ErrKilled is what Run returns after Kill.
@@ -160,7 +161,8 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
 	c.work, c.kill = context.WithCancel(context.Background())
-	c.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	c.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		version.BuildInfo(c.build.engineVersion, c.build.claimProtocol))
 	for _, cs := range [][]prometheus.Collector{c.metrics.collectors(), c.engineMetrics.Collectors(), sinkMetrics.Collectors(), c.dlqMetrics.Collectors(), c.group.collectors()} {
 		c.registry.MustRegister(cs...)
 	}

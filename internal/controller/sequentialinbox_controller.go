@@ -177,6 +177,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 	before := inbox.DeepCopy()
 	defer func() {
 		summarize(s)
+		exportConditions(s.inbox)
 		result, err = r.patchStatus(ctx, before, s.inbox, result, err)
 	}()
 	return r.reconcilePhases(ctx, s)
@@ -249,6 +250,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, inbox *v1alpha1.Sequen
 	if err := r.Client.Patch(ctx, inbox, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		return ctrl.Result{}, fmt.Errorf("remove finalizer: %w", err)
 	}
+	forgetConditions(inbox)
 	r.event(inbox, corev1.EventTypeNormal, "ConsumersStopped", "Delete", "The consumers stopped; the database and its contents stay")
 	return ctrl.Result{}, nil
 }
