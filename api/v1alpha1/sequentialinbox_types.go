@@ -89,6 +89,8 @@ const (
 )
 
 // KafkaSpec says where records are read from and as which consumer group.
+// +kubebuilder:validation:XValidation:rule="!has(self.sessionTimeoutMs) || !has(self.maxPollIntervalMs) || self.sessionTimeoutMs <= self.maxPollIntervalMs",message="spec.kafka.sessionTimeoutMs must not exceed spec.kafka.maxPollIntervalMs"
+// +kubebuilder:validation:XValidation:rule="!has(self.sessionTimeoutMs) || !has(self.heartbeatIntervalMs) || self.heartbeatIntervalMs * 3 <= self.sessionTimeoutMs",message="spec.kafka.heartbeatIntervalMs must be at most a third of spec.kafka.sessionTimeoutMs"
 // +kubebuilder:validation:XValidation:rule="!has(self.sasl) || self.sasl.mechanism != 'PLAIN' || has(self.tls) || (has(self.sasl.allowPlainWithoutTLS) && self.sasl.allowPlainWithoutTLS)",message="SASL PLAIN sends the password in clear text: set spec.kafka.tls, or spec.kafka.sasl.allowPlainWithoutTLS on a trusted network"
 type KafkaSpec struct {
 	// BootstrapServers are host:port pairs of the Kafka brokers.
@@ -122,6 +124,26 @@ type KafkaSpec struct {
 	// +kubebuilder:validation:Minimum=10000
 	// +kubebuilder:validation:Maximum=3600000
 	MaxPollIntervalMs int32 `json:"maxPollIntervalMs,omitempty"`
+
+	// SessionTimeoutMs is how long the group waits for a consumer that stopped heartbeating (a
+	// crashed pod, a lost node) before its partitions go to the other consumers: a crash holds
+	// its partitions for about this long plus one rebalance. The broker accepts it only within
+	// its group.min.session.timeout.ms and group.max.session.timeout.ms (by default 6 s and
+	// 30 min); at most maxPollIntervalMs.
+	// +optional
+	// +kubebuilder:default=10000
+	// +kubebuilder:validation:Minimum=1000
+	// +kubebuilder:validation:Maximum=1800000
+	SessionTimeoutMs int32 `json:"sessionTimeoutMs,omitempty"`
+
+	// HeartbeatIntervalMs is how often a consumer tells the group that it is alive, and so how
+	// soon the surviving consumers learn of a rebalance; at most a third of sessionTimeoutMs, so
+	// that one lost heartbeat does not cost the partitions.
+	// +optional
+	// +kubebuilder:default=1000
+	// +kubebuilder:validation:Minimum=100
+	// +kubebuilder:validation:Maximum=600000
+	HeartbeatIntervalMs int32 `json:"heartbeatIntervalMs,omitempty"`
 
 	// GroupProtocolEpoch is part of the group protocol name the consumers announce
 	// ("seqinbox-<claim protocol>", with "-epoch<N>" appended when N > 0). Raising it makes the

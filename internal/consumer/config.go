@@ -82,7 +82,9 @@ const (
 	resumeBacklog  = 250
 	// commitTimeout bounds one offset commit, publishTimeout one dead-letter produce (franz-go
 	// would otherwise retry an unreachable broker forever and hold a revocation up).
-	commitTimeout  = 10 * time.Second
+	commitTimeout = 10 * time.Second
+	// fetchMaxWait bounds the broker's long poll (franz-go's default is 5s).
+	fetchMaxWait   = time.Second
 	publishTimeout = 30 * time.Second
 	// retryMin and retryMax bound the backoff after an infrastructure error or a failed
 	// dead-letter produce; the record is retried, never skipped.
@@ -124,7 +126,36 @@ func (c *Config) validate() error {
 	case c.Inbox.Spec.Kafka.MaxPollIntervalMs <= 0:
 		return fmt.Errorf("spec.kafka.maxPollIntervalMs %d must be positive", c.Inbox.Spec.Kafka.MaxPollIntervalMs)
 	}
+	return checkGroupTimes(&c.Inbox.Spec.Kafka)
+}
+
+// checkGroupTimes checks the session timeout and heartbeat interval against each other and the
+// poll interval, as the CRD does; zero takes franz-go's default (a manifest gets the CRD's).
+func checkGroupTimes(k *v1alpha1.KafkaSpec) error {
+	session, heartbeat := k.SessionTimeoutMs, k.HeartbeatIntervalMs
+	switch {
+	case session < 0 || heartbeat < 0:
+		return fmt.Errorf("spec.kafka.sessionTimeoutMs %d and heartbeatIntervalMs %d must not be negative", session, heartbeat)
+	case session > k.MaxPollIntervalMs:
+		return fmt.Errorf("spec.kafka.sessionTimeoutMs %d exceeds spec.kafka.maxPollIntervalMs %d: a crashed consumer would hold its partitions longer than a live one may take for a record",
+			session, k.MaxPollIntervalMs)
+	case session > 0 && heartbeat > 0 && 3*heartbeat > session:
+		return fmt.Errorf("spec.kafka.heartbeatIntervalMs %d is more than a third of spec.kafka.sessionTimeoutMs %d: one late heartbeat would cost the consumer its partitions",
+			heartbeat, session)
+	}
 	return nil
+}
+
+// groupTimes are the franz-go options for the session timeout and heartbeat interval of the spec.
+func groupTimes(k *v1alpha1.KafkaSpec) []kgo.Opt {
+	var opts []kgo.Opt
+	if k.SessionTimeoutMs > 0 {
+		opts = append(opts, kgo.SessionTimeout(time.Duration(k.SessionTimeoutMs)*time.Millisecond))
+	}
+	if k.HeartbeatIntervalMs > 0 {
+		opts = append(opts, kgo.HeartbeatInterval(time.Duration(k.HeartbeatIntervalMs)*time.Millisecond))
+	}
+	return opts
 }
 
 func (c *Config) bootstrapServers() []string {

@@ -28,7 +28,12 @@ import (
 
 var dbURL string
 
-func TestMain(m *testing.M) { os.Exit(testenv.RunWithDatabase(m, &dbURL)) }
+func TestMain(m *testing.M) {
+	if os.Getenv(childManifestEnv) != "" {
+		os.Exit(runChildConsumer())
+	}
+	os.Exit(testenv.RunWithDatabase(m, &dbURL))
+}
 
 var migrateOnce sync.Once
 

@@ -65,7 +65,7 @@ func TestEveryPoisonRecordIsDeadLetteredAndTheRecordBehindItDelivered(t *testing
 	// The sink may take 5s per attempt, the record only 2.7s: the listener deadline exceeds the
 	// record deadline.
 	in := testInbox(t, seeds, "g-poison-table", s.srv.URL, sinkOpts{timeout: 5e9})
-	in.Spec.Kafka.MaxPollIntervalMs = 3000
+	in.Spec.Kafka.MaxPollIntervalMs, in.Spec.Kafka.SessionTimeoutMs, in.Spec.Kafka.HeartbeatIntervalMs = 3000, 3000, 1000
 	r := startConsumer(t, in, "poison-table-1")
 
 	var records []*kgo.Record

@@ -65,10 +65,14 @@ func (p *processor) runSession(ctx context.Context) error {
 		// partition reaches a worker after the revocation.
 		kgo.BlockRebalanceOnPoll(),
 		kgo.RebalanceTimeout(c.cfg.maxPollInterval()),
+		// A fetch waits at most this long for new records; partitions taken over from a
+		// crashed member are fetched no later than that after their assignment.
+		kgo.FetchMaxWait(fetchMaxWait),
 		kgo.OnPartitionsAssigned(s.assigned),
 		kgo.OnPartitionsRevoked(s.revoked),
 		kgo.OnPartitionsLost(s.lost),
 	)
+	opts = append(opts, groupTimes(&spec.Kafka)...)
 	opts = append(opts, c.group.options(c.cfg.InstanceID)...)
 	if len(c.cfg.hooks) > 0 {
 		opts = append(opts, kgo.WithHooks(c.cfg.hooks...))

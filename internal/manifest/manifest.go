@@ -76,6 +76,8 @@ func Parse(data []byte) (*v1alpha1.SequentialInbox, error) {
 // proves they equal what the API server applies from config/crd/bases.
 const (
 	defaultMaxPollIntervalMs = 300000
+	defaultSessionTimeoutMs  = 10000
+	defaultHeartbeatMs       = 1000
 	defaultPoolSize          = 10
 	defaultIdleLockTimeout   = 30 * time.Second
 	defaultSinkTimeout       = 10 * time.Second
@@ -96,6 +98,12 @@ const (
 func Default(spec *v1alpha1.SequentialInboxSpec) {
 	if spec.Kafka.MaxPollIntervalMs == 0 {
 		spec.Kafka.MaxPollIntervalMs = defaultMaxPollIntervalMs
+	}
+	if spec.Kafka.SessionTimeoutMs == 0 {
+		spec.Kafka.SessionTimeoutMs = defaultSessionTimeoutMs
+	}
+	if spec.Kafka.HeartbeatIntervalMs == 0 {
+		spec.Kafka.HeartbeatIntervalMs = defaultHeartbeatMs
 	}
 	if spec.Database.PoolSize == 0 {
 		spec.Database.PoolSize = defaultPoolSize
