@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -62,10 +63,10 @@ func TestEveryPoisonRecordIsDeadLetteredAndTheRecordBehindItDelivered(t *testing
 		}
 		return 200
 	})
-	// The sink may take 5s per attempt, the record only 2.7s: the listener deadline exceeds the
+	// The sink may take 8s per attempt, the record only 5.4s: the listener deadline exceeds the
 	// record deadline.
-	in := testInbox(t, seeds, "g-poison-table", s.srv.URL, sinkOpts{timeout: 5e9})
-	in.Spec.Kafka.MaxPollIntervalMs, in.Spec.Kafka.SessionTimeoutMs, in.Spec.Kafka.HeartbeatIntervalMs = 3000, 3000, 1000
+	in := testInbox(t, seeds, "g-poison-table", s.srv.URL, sinkOpts{timeout: 8 * time.Second})
+	in.Spec.Kafka.MaxPollIntervalMs, in.Spec.Kafka.SessionTimeoutMs, in.Spec.Kafka.HeartbeatIntervalMs = 6000, 6000, 1000
 	r := startConsumer(t, in, "poison-table-1")
 
 	var records []*kgo.Record
