@@ -87,13 +87,14 @@ func TestContextsOfOnePartitionRunConcurrentlyAndEachInOrder(t *testing.T) {
 	}
 	produce(t, seeds, recs...)
 	r := startConsumer(t, testInbox(t, seeds, "g-par", s.srv.URL, sinkOpts{}), "par-1")
-	waitUntil(t, "every record was processed", func() bool { return r.events.count("") == len(recs) })
+	waitUntil(t, "every record was delivered", func() bool { return r.events.count("Delivered") == len(recs) })
 
 	if !s.overlapped() {
 		t.Fatalf("no two deliveries of the partition were in flight at once: the partition runs one record at a time")
 	}
+	// A Duplicate is a record read again after a session ended on a slow machine.
 	for _, e := range r.events.all() {
-		if e.Outcome != "Delivered" || e.Released != 0 {
+		if e.Outcome != "Delivered" && e.Outcome != "Duplicate" || e.Released != 0 {
 			t.Errorf("%s: %s with %d released, want Delivered: a message of its order was processed before its predecessor", e.IdempotenceID, e.Outcome, e.Released)
 		}
 	}
@@ -153,15 +154,32 @@ func TestCrashWithAnUnfinishedRecordReadsAgainFromItsOffsetAndLosesNothing(t *te
 	}
 
 	b := startConsumer(t, testInbox(t, seeds, "g-crash", s.srv.URL, so), "crash-b")
-	waitUntil(t, "the second consumer read everything from the hanging record on", func() bool {
-		return b.events.count("") == len(recs)-1
-	})
-	if n := b.events.count("Duplicate"); n != others {
-		t.Errorf("the second consumer skipped %d records as duplicates, want the %d finished by the first", n, others)
+	// Sets, not counts: a session of b that ends on a slow machine reads some records again.
+	outcomes := func() map[string]map[string]bool {
+		out := map[string]map[string]bool{}
+		for _, e := range b.events.all() {
+			if out[e.IdempotenceID] == nil {
+				out[e.IdempotenceID] = map[string]bool{}
+			}
+			out[e.IdempotenceID][e.Outcome] = true
+		}
+		return out
 	}
-	for _, e := range b.events.all() {
-		if (e.IdempotenceID == "crash-head-created" || e.IdempotenceID == "crash-head-paid") && e.Outcome != "Delivered" {
-			t.Errorf("%s: %s, want Delivered by the second consumer", e.IdempotenceID, e.Outcome)
+	waitUntil(t, "the second consumer read everything from the hanging record on", func() bool {
+		return len(outcomes()) == len(recs)-1
+	})
+	got := outcomes()
+	if got["crash-first"] != nil {
+		t.Errorf("the second consumer read crash-first again: the committed offset did not cover the finished prefix")
+	}
+	for i := range others {
+		if id := fmt.Sprintf("crash-o%d", i); !got[id]["Duplicate"] || got[id]["Delivered"] {
+			t.Errorf("%s: %v in the second consumer, want Duplicate (the first had finished it)", id, got[id])
+		}
+	}
+	for _, id := range []string{"crash-head-created", "crash-head-paid"} {
+		if !got[id]["Delivered"] {
+			t.Errorf("%s: %v in the second consumer, want Delivered", id, got[id])
 		}
 	}
 	accepted := s.accepted()
