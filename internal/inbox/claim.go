@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -211,7 +212,7 @@ func (e *Engine) deliverUnderClaim(ctx context.Context, instanceID int64, c clai
 	defer stateConn.Release()
 
 	listenerErr := e.invokeListener(lctx, msg)
-	if ctx.Err() != nil {
+	if listenerErr != nil && ctx.Err() != nil {
 		// The caller abandoned the record (shutdown, revocation): not the listener's failure.
 		return Result{}, rollbackSQL, fmt.Errorf("claim %s: %w", key, ctx.Err())
 	}
@@ -219,7 +220,7 @@ func (e *Engine) deliverUnderClaim(ctx context.Context, instanceID int64, c clai
 	if listenerErr != nil {
 		state, end = stateFailed, rollbackSQL
 	}
-	stored, err := storeStateInNewTx(ctx, stateConn, instanceID, c.existing, state, msg)
+	stored, err := e.storeStateUnderLease(ctx, stateConn, c.idleSince.Add(e.claimLease), instanceID, c.existing, state, msg)
 	if err != nil {
 		return Result{}, rollbackSQL, fmt.Errorf("claim %s: store %s: %w", key, state, err)
 	}
@@ -284,6 +285,62 @@ func storeStateInNewTx(ctx context.Context, conn *pgxpool.Conn, instanceID int64
 	tag, err := conn.Exec(ctx, insertStateSQL, instanceID, msg.QualifiedType, r.IdempotenceID,
 		o.MessageID, o.Topic, o.Partition, o.Offset, state, traceContext(r.Headers), r.Key, r.Value, headers)
 	return tag.RowsAffected() == 1, err
+}
+
+// stateWriteBackoff is the first wait before a state write is tried again; it doubles.
+const stateWriteBackoff = 50 * time.Millisecond
+
+// storeStateUnderLease writes the state after the listener returned. An outcome the listener
+// reported is known and must not be thrown away: the write ignores the cancellation of the
+// record (revocation, shutdown) and, when its connection fails, is tried again on a new one
+// while T1's lease (leaseEnd) holds the claim. The sink then sees a second call only when the
+// outcome could not be recorded at all. As the claim is held, a retry that finds the message
+// already in the wanted state finds the write of an attempt whose answer was lost.
+func (e *Engine) storeStateUnderLease(ctx context.Context, conn *pgxpool.Conn, leaseEnd time.Time, instanceID int64, existing storedMessage, state string, msg Message) (bool, error) {
+	wctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), leaseEnd)
+	defer cancel()
+	stored, err := storeStateInNewTx(wctx, conn, instanceID, existing, state, msg)
+	for backoff := stateWriteBackoff; err != nil && retryableStateWrite(err); backoff *= 2 {
+		e.log.Info("state write failed; retrying on a new connection within the claim's lease",
+			"type", msg.QualifiedType, "idempotenceId", msg.Record.IdempotenceID, "state", state, "error", err.Error())
+		select {
+		case <-wctx.Done():
+			return false, fmt.Errorf("%w (lease ended: %w)", err, wctx.Err())
+		case <-time.After(backoff):
+		}
+		stored, err = e.storeStateOnNewConn(wctx, instanceID, existing, state, msg)
+	}
+	return stored, err
+}
+
+// storeStateOnNewConn is one retry of storeStateUnderLease.
+func (e *Engine) storeStateOnNewConn(ctx context.Context, instanceID int64, existing storedMessage, state string, msg Message) (bool, error) {
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return false, fmt.Errorf("acquire state connection: %w", err)
+	}
+	defer conn.Release()
+	stored, err := storeStateInNewTx(ctx, conn, instanceID, existing, state, msg)
+	if err != nil || stored {
+		return stored, err
+	}
+	var now storedMessage
+	err = conn.QueryRow(ctx, lookupMessageSQL, msg.QualifiedType, msg.Record.IdempotenceID).Scan(&now.id, &now.state)
+	if err != nil {
+		return false, fmt.Errorf("look up state after a retried write: %w", err)
+	}
+	return now.state == state, nil
+}
+
+// retryableStateWrite reports whether a failed state write may succeed on a new connection: the
+// connection failed (no answer from the server, SQLSTATE class 08) or the server ended the
+// session (class 57P, e.g. pg_terminate_backend or a restart).
+func retryableStateWrite(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return !errors.Is(err, context.DeadlineExceeded)
+	}
+	return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P")
 }
 
 // bufferNewSQL stores a message that waits for its predecessors: its WAITING row and its raw

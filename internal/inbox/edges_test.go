@@ -468,3 +468,45 @@ func TestExecutedActionsReportTheirOutcome(t *testing.T) {
 		t.Fatalf("result of an unknown request: %v, want ErrNotFound", err)
 	}
 }
+
+// TestKnownSuccessIsRecordedAfterTheStateConnectionDies kills, from inside the sink's successful
+// call, every idle connection of the records' pool, among them the one reserved for the state
+// write, and cancels the record's context (a revocation): the state write retries on a new
+// connection within the claim's lease, the success is recorded, and the sink is not called again.
+func TestKnownSuccessIsRecordedAfterTheStateConnectionDies(t *testing.T) {
+	h := newIsolatedHarness(t, chainSet())
+	killer := newPool(t, testenvURL(h), 2)
+	ctx, revoke := context.WithCancel(context.Background())
+	defer revoke()
+	h.listener.setBehaviour(func(context.Context, Message) error {
+		var killed int
+		if err := killer.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE datname = current_database() AND state = 'idle' AND pid <> pg_backend_pid() AND backend_type = 'client backend'`).Scan(&killed); err != nil {
+			return err
+		}
+		if killed == 0 {
+			return errors.New("no idle connection to kill")
+		}
+		revoke()
+		return nil
+	})
+	res, err := h.engine.Process(ctx, h.rec("A", "a1", "x"))
+	if err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("process = %v", err)
+	}
+	if s := h.states("A", "a1"); !slices.Equal(s, []string{stateProcessed}) {
+		t.Fatalf("A rows %v (outcome %v, %v); want the known success recorded PROCESSED", s, res.Outcome, err)
+	}
+	h.listener.setBehaviour(nil)
+	if res := h.process(h.rec("A", "a1", "x")); res.Outcome != Duplicate {
+		t.Fatalf("resend = %v, want Duplicate: the sink must not see the message again", res.Outcome)
+	}
+	if n := h.listener.callCount(); n != 1 {
+		t.Fatalf("sink calls = %d, want 1", n)
+	}
+}
+
+// testenvURL is the database URL of the harness's pool.
+func testenvURL(h *harness) string {
+	return h.pool.Config().ConnString()
+}
