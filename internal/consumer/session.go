@@ -157,6 +157,8 @@ func (s *session) assigned(_ context.Context, cl *kgo.Client, assigned map[strin
 			}
 			w := newWorker(s, cl, tp)
 			s.workers[tp] = w
+			// Every assigned partition has a lag series; the first fetch with records corrects it.
+			s.p.c.metrics.setLag(topic, partition, 0)
 			go w.run()
 		}
 	}
