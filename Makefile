@@ -74,10 +74,20 @@ postgres: ## Find or start the PostgreSQL server the tests use and print its URL
 test: verify vet lint envtest ## Run every test against real PostgreSQL, envtest and kfake (includes verify and lint).
 	SEQINBOX_TEST_DATABASE_URL="$$(hack/postgres.sh)" KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" \
 		go test $(GOTEST_FLAGS) ./...
+	$(MAKE) fuzz
 	# The legacy engine (claim protocol 0) of the e2e upgrade test delivers racing duplicates twice.
 	SEQINBOX_TEST_DATABASE_URL="$$(hack/postgres.sh)" go test -tags legacy $(GOTEST_FLAGS) -run '^TestLegacy' ./internal/inbox/
 	@echo "tests of the development commands (demo, dev kafka; built with -tags dev)"
 	SEQINBOX_TEST_DATABASE_URL="$$(hack/postgres.sh)" go test $(GOTEST_FLAGS) -tags dev ./cmd/seqinbox/...
+
+# FUZZTIME is how long `make fuzz` (and so `make test`) runs each fuzz target beyond its seed
+# corpus (testdata/fuzz, which every `go test` run replays).
+FUZZTIME ?= 10s
+
+.PHONY: fuzz
+fuzz: ## Fuzz record decoding and manifest loading for FUZZTIME each.
+	go test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./internal/decode/
+	go test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/manifest/
 
 .PHONY: bench
 bench: ## Run the benchmarks (engine, consumer, operator) once.

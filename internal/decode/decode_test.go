@@ -44,7 +44,7 @@ sequences:
     releaseCondition: {predecessor: ShipmentBooked}
 `
 
-func newDecoder(t *testing.T) *Decoder {
+func newDecoder(t testing.TB) *Decoder {
 	t.Helper()
 	var s v1alpha1.SequentialInboxSpec
 	if err := yaml.UnmarshalStrict([]byte(spec), &s); err != nil {
