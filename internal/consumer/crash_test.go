@@ -147,7 +147,13 @@ func TestCrashedConsumersPartitionsGoToTheOtherMember(t *testing.T) {
 	killedAt := time.Now()
 	var behind []*kgo.Record
 	for _, p := range childPartitions {
-		behind = append(behind, event(p, "OrderCreated", fmt.Sprintf("crash-after-%d", p), fmt.Sprintf("crash-o%d", p)))
+		r := event(p, "OrderCreated", fmt.Sprintf("crash-after-%d", p), fmt.Sprintf("crash-o%d", p))
+		if p == hang {
+			// The interrupted record's Kafka key: it must wait for that record (records of other
+			// keys and contexts of a partition run concurrently).
+			r.Key = []byte("crash-o-hang")
+		}
+		behind = append(behind, r)
 	}
 	produce(t, seeds, behind...)
 
@@ -172,7 +178,7 @@ func TestCrashedConsumersPartitionsGoToTheOtherMember(t *testing.T) {
 			t.Errorf("%s accepted %d times, want once", id, n)
 		}
 	}
-	// The interrupted record comes first on its partition, then the record behind it.
+	// The interrupted record comes first on its partition, then the record of its key behind it.
 	var order []string
 	for _, e := range survivor.events.all()[before:] {
 		if e.Origin.Partition == hang && strings.HasPrefix(e.IdempotenceID, "crash-") {
