@@ -79,8 +79,9 @@ func docCommands(t *testing.T) []docCommand {
 
 // TestEveryCommandOfTheDocsIsAccepted checks each command line the README and docs/ show: a
 // `seqinbox` line must be accepted by this build's command tree exactly as written (command,
-// flags, flag values, arguments), a `make` line must name a target of the Makefile, and a
-// `kubectl` line may only name the resources, conditions and annotation of this API.
+// flags, flag values, arguments), a `make` line must name a target of the Makefile, a `kubectl`
+// line may only name the resources, conditions and annotation of this API, a `go test` line must
+// name packages and benchmarks that exist, and `export NAME=$(script)` a script of the repository.
 func TestEveryCommandOfTheDocsIsAccepted(t *testing.T) {
 	root, err := testenv.RepoRoot()
 	if err != nil {
@@ -109,8 +110,78 @@ func TestEveryCommandOfTheDocsIsAccepted(t *testing.T) {
 			}
 		case "kubectl":
 			checkKubectl(t, c, resources)
+		case "export":
+			checkExport(t, c, root)
+		case "go":
+			checkGoTest(t, c, root)
 		default:
 			t.Errorf("%s: %q: no test checks this command; show it outside a ```sh block or teach this test", c.where, strings.Join(c.words, " "))
+		}
+	}
+}
+
+// checkExport accepts `export NAME=$(script)` where the script is a file of the repository.
+func checkExport(t *testing.T, c docCommand, root string) {
+	t.Helper()
+	m := regexp.MustCompile(`^[A-Z_]+=\$\(([^)\s]+)\)$`).FindStringSubmatch(strings.Join(c.words[1:], " "))
+	if m == nil {
+		t.Errorf("%s: %s: only export NAME=$(script) is checked", c.where, strings.Join(c.words, " "))
+		return
+	}
+	if _, err := os.Stat(filepath.Join(root, m[1])); err != nil {
+		t.Errorf("%s: %s: %v", c.where, strings.Join(c.words, " "), err)
+	}
+}
+
+// checkGoTest accepts `go test` lines whose packages exist and whose -bench pattern names a
+// benchmark of them.
+func checkGoTest(t *testing.T, c docCommand, root string) {
+	t.Helper()
+	line := strings.Join(c.words, " ")
+	if len(c.words) < 2 || c.words[1] != "test" {
+		t.Errorf("%s: %s: only go test is checked", c.where, line)
+		return
+	}
+	var pkgs []string
+	bench := ""
+	for i, w := range c.words {
+		switch {
+		case strings.HasPrefix(w, "./"):
+			pkgs = append(pkgs, strings.TrimSuffix(strings.TrimSuffix(w, "..."), "/"))
+		case w == "-bench" && i+1 < len(c.words):
+			bench = strings.Trim(c.words[i+1], "'\"")
+		}
+	}
+	if len(pkgs) == 0 {
+		t.Errorf("%s: %s: names no package", c.where, line)
+	}
+	for _, pkg := range pkgs {
+		tests, err := filepath.Glob(filepath.Join(root, pkg, "*_test.go"))
+		if err != nil || len(tests) == 0 {
+			t.Errorf("%s: %s: package %s has no tests", c.where, line, pkg)
+			continue
+		}
+		if bench == "" {
+			continue
+		}
+		top, _, _ := strings.Cut(bench, "/")
+		re, err := regexp.Compile(top)
+		if err != nil {
+			t.Errorf("%s: %s: -bench %q: %v", c.where, line, bench, err)
+			continue
+		}
+		found := false
+		for _, f := range tests {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range regexp.MustCompile(`(?m)^func (Benchmark\w*)\(`).FindAllStringSubmatch(string(data), -1) {
+				found = found || re.MatchString(m[1])
+			}
+		}
+		if !found {
+			t.Errorf("%s: %s: no benchmark of %s matches %q", c.where, line, pkg, top)
 		}
 	}
 }
