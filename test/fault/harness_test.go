@@ -343,12 +343,6 @@ func (s *sink) acceptedCount(id string) int {
 	return s.accepted[id]
 }
 
-func (s *sink) attemptCount(id string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.attempts[id]
-}
-
 func (s *sink) acceptedAt(id string) (time.Time, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -495,10 +489,10 @@ func count(t testing.TB, s *sink, ids []string, seeds []string, group string) ta
 	t.Helper()
 	r := tally{sent: len(ids), stalled: uncommitted(t, seeds, group)}
 	for _, id := range ids {
-		switch n := s.acceptedCount(id); {
-		case n == 0:
+		switch s.acceptedCount(id) {
+		case 0:
 			r.lost++
-		case n == 1:
+		case 1:
 			r.once++
 		default:
 			r.twice++
