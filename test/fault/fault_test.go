@@ -100,8 +100,8 @@ func TestHungSink(t *testing.T) {
 	db := migratedDatabase(t)
 	const hung = "hung-created"
 	s := newSink(t, func(id string, _ int) bool { return id == hung })
-	// The sink may take 5s per call, the record only 2.7s (nine tenths of 3s).
-	manifest := inbox{group: group, sinkURL: s.srv.URL, maxPollIntervalMs: 3000, sinkTimeout: 5 * time.Second, poolSize: poolSize}.write(t)
+	// The sink may take 8s per call, the record only 5.4s (nine tenths of 6s).
+	manifest := inbox{group: group, sinkURL: s.srv.URL, maxPollIntervalMs: 6000, sinkTimeout: 8 * time.Second, poolSize: poolSize}.write(t)
 	startConsumer(t, "consumer-a", manifest, db, seeds).waitReady(t)
 
 	records, ids := orders("h", 10, partitions)

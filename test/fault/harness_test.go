@@ -82,6 +82,10 @@ type inbox struct {
 	poolSize          int
 }
 
+// sessionTimeoutMs is the Kafka session of the test consumers: the shortest kfake accepts, so
+// that a killed consumer's partitions move on soon, and within every test's maxPollIntervalMs.
+const sessionTimeoutMs = 6000
+
 // manifestYAML declares the order sequence Created → Paid, context ID /orderId.
 const manifestYAML = `apiVersion: inbox.seqinbox.dev/v1alpha1
 kind: SequentialInbox
@@ -92,6 +96,8 @@ spec:
     topics: [orders]
     consumerGroup: %s
     maxPollIntervalMs: %d
+    sessionTimeoutMs: %d
+    heartbeatIntervalMs: 1000
   database:
     urlSecretRef: {name: db, key: url}
     poolSize: %d
@@ -126,7 +132,7 @@ func (in inbox) write(t testing.TB) string {
 		in.poolSize = 6
 	}
 	path := filepath.Join(t.TempDir(), "inbox.yaml")
-	data := fmt.Sprintf(manifestYAML, in.group, in.maxPollIntervalMs, in.poolSize, in.sinkURL, in.sinkTimeout, in.sinkRetries)
+	data := fmt.Sprintf(manifestYAML, in.group, in.maxPollIntervalMs, sessionTimeoutMs, in.poolSize, in.sinkURL, in.sinkTimeout, in.sinkRetries)
 	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
 		t.Fatal(err)
 	}
