@@ -94,6 +94,8 @@ type Consumer struct {
 	fenceReason   string
 	fenceChanged  chan struct{} // closed and replaced on every fence report
 	sessionActive bool
+	// dlqMissing is set while dead-letter produces fail because the topic does not exist.
+	dlqMissing bool
 }
 
 // New compiles the declaration and checks the configuration; it opens no connection.
@@ -304,8 +306,21 @@ func (c *Consumer) Ready() (bool, string) {
 		return false, c.fenceReason
 	case !c.sessionActive:
 		return false, "not consuming: joining or leaving the consumer group"
+	case c.dlqMissing:
+		return false, fmt.Sprintf("dead-letter topic %s is missing: the records that need it wait; create the topic", c.dlqTopic)
 	}
 	return c.group.ready()
+}
+
+// setDeadLetterTopicMissing records whether the last dead-letter produce found no topic.
+func (c *Consumer) setDeadLetterTopicMissing(missing bool) {
+	c.mu.Lock()
+	changed := c.dlqMissing != missing
+	c.dlqMissing = missing
+	c.mu.Unlock()
+	if changed {
+		c.updateReadyMetric()
+	}
 }
 
 // Registry holds every collector of this consumer (runtime, engine, sink, dead letters, Go).

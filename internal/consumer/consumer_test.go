@@ -352,6 +352,10 @@ func TestFailedDeadLetterProduceHoldsTheRecordItsKeyAndTheCommittedOffset(t *tes
 	if n := s.accepted()["dd-same-key"]; n != 0 {
 		t.Fatalf("the record behind the poison one with its Kafka key was delivered before it: key order broken")
 	}
+	waitUntil(t, "the consumer is not ready and says the dead-letter topic is missing", func() bool {
+		ready, reason := r.c.Ready()
+		return !ready && strings.Contains(reason, "dead-letter topic orders.dlq is missing")
+	})
 	if lag := committedLag(t, seeds, "g-dlqdown"); lag[0] != 3 {
 		t.Fatalf("committed lag %d, want 3: no offset may be committed before the dead letter is stored", lag[0])
 	}
@@ -360,6 +364,7 @@ func TestFailedDeadLetterProduceHoldsTheRecordItsKeyAndTheCommittedOffset(t *tes
 	waitUntil(t, "every record was processed", func() bool {
 		return r.events.count(OutcomeDeadLettered) >= 1 && s.accepted()["dd-same-key"] == 1
 	})
+	r.waitReady(t)
 	if letters := readTopic(t, seeds, "orders.dlq"); len(letters) != 1 || deadletter.Read(letters[0]).Reason != decode.ClassUndeclaredType {
 		t.Fatalf("dead letters %v, want the one UndeclaredType letter", letters)
 	}

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/seqinbox/seqinbox/internal/deadletter"
@@ -220,6 +221,7 @@ func (p *processor) publish(w *worker, l deadletter.Letter) bool {
 		ctx, cancel := context.WithTimeout(p.c.work, min(publishTimeout, p.c.recordTimeout))
 		err := p.publisher.Publish(ctx, l)
 		cancel()
+		p.c.setDeadLetterTopicMissing(errors.Is(err, kerr.UnknownTopicOrPartition))
 		if err == nil {
 			p.c.log.Info("dead-lettered", "topic", l.Origin.Topic, "partition", l.Origin.Partition, "offset", l.Origin.Offset,
 				"reason", l.Reason, "message", l.Message, "sequence", l.Sequence, "context", l.ContextID)
