@@ -89,23 +89,42 @@ func privatePostgres(t testing.TB) *pgServer {
 
 func (s *pgServer) script(t testing.TB, args ...string) string {
 	t.Helper()
-	cmd := exec.Command("bash", append([]string{filepath.Join(s.root, "hack", "postgres.sh")}, args...)...)
-	cmd.Env = append(os.Environ(), "SEQINBOX_PG_PRIVATE=1")
-	out, err := cmd.CombinedOutput()
+	out, err := s.run(args...)
 	if err != nil {
 		t.Fatalf("hack/postgres.sh %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	return lines[len(lines)-1]
+	return out
 }
 
-// start starts the server (or finds it running) and waits until it answers.
+// run runs hack/postgres.sh with SEQINBOX_PG_PRIVATE=1 and returns its last line of output.
+func (s *pgServer) run(args ...string) (string, error) {
+	var argv []string
+	for _, a := range args {
+		if a != "" {
+			argv = append(argv, a)
+		}
+	}
+	cmd := exec.Command("bash", append([]string{filepath.Join(s.root, "hack", "postgres.sh")}, argv...)...)
+	cmd.Env = append(os.Environ(), "SEQINBOX_PG_PRIVATE=1")
+	out, err := cmd.CombinedOutput()
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if err != nil {
+		return string(out), err
+	}
+	return lines[len(lines)-1], nil
+}
+
+// start starts the server (or finds it running). Its port lies in the kernel's ephemeral range,
+// so a client socket of another process may hold it for a moment: start tries until it answers.
 func (s *pgServer) start(t testing.TB) {
 	t.Helper()
-	s.url = s.script(t)
-	if !strings.HasPrefix(s.url, "postgres://") {
-		t.Fatalf("hack/postgres.sh printed %q, want the server's URL", s.url)
-	}
+	var out string
+	var err error
+	waitUntil(t, "the private PostgreSQL server started", func() bool {
+		out, err = s.run("")
+		return err == nil && strings.HasPrefix(out, "postgres://")
+	})
+	s.url = out
 }
 
 // stop stops the server with pg_ctl (fast mode: sessions are terminated).
