@@ -183,8 +183,9 @@ func TestBrokerPaused(t *testing.T) {
 
 // TestMissingDeadLetterTopic sends a record that must be dead-lettered while the dead-letter
 // topic does not exist: the records of its key wait behind it and the partition's committed
-// offset stays before it, so nothing is lost; other keys and the other partition go on. Once the
-// topic exists the letter is written and everything is delivered.
+// offset stays before it, so nothing is lost; other keys and the other partition go on; /readyz
+// answers not ready, naming the topic. Once the topic exists the letter is written, everything is
+// delivered and the consumer is ready again.
 func TestMissingDeadLetterTopic(t *testing.T) {
 	const partitions, group = 2, "fault-nodlq"
 	cluster, seeds := kafka(t, partitions, false)
@@ -221,11 +222,16 @@ func TestMissingDeadLetterTopic(t *testing.T) {
 		}
 	}
 
+	waitUntil(t, "/readyz answers not ready, naming the missing dead-letter topic", func() bool {
+		ok, why := a.ready()
+		return !ok && strings.Contains(why, dlqTopic)
+	})
 	created := time.Now()
 	if err := cluster.CreateTopic(dlqTopic, 1, nil); err != nil {
 		t.Fatalf("create %s: %v", dlqTopic, err)
 	}
 	settle(t, s, ids, seeds, group)
+	waitUntil(t, "/readyz answers ready again", func() bool { ok, _ := a.ready(); return ok })
 	last := time.Time{}
 	for _, id := range behind {
 		if at, _ := s.acceptedAt(id); at.After(last) {
