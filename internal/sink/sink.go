@@ -182,7 +182,11 @@ func (s *Sink) Deliver(ctx context.Context, m inbox.Message) error {
 		}
 		s.log.V(1).Info("sink attempt failed", "attempt", attempt, "type", m.QualifiedType,
 			"id", m.Record.Origin.MessageID, "retryable", last.retryable, "error", last.err.Error())
-		if ctx.Err() != nil || !last.retryable || attempt > s.cfg.Retries {
+		if err := ctx.Err(); err != nil {
+			// The caller gave up: say so, whatever this attempt's answer was.
+			return s.failed(m, &Error{Attempts: attempt, StatusCode: last.status, Retryable: last.retryable, Err: fmt.Errorf("%w (retry abandoned: %w)", last.err, err)})
+		}
+		if !last.retryable || attempt > s.cfg.Retries {
 			return s.failed(m, &Error{Attempts: attempt, StatusCode: last.status, Retryable: last.retryable, Err: last.err})
 		}
 	}
