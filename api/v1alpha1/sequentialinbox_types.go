@@ -408,12 +408,26 @@ type SequenceSpec struct {
 	// +kubebuilder:validation:Pattern=`^[a-zA-Z][a-zA-Z0-9_-]*$`
 	Name string `json:"name"`
 
-	// Retention is how long an instance of this sequence is kept after it was created; its claims
-	// (the idempotence guarantee) go with it. At least one minute.
+	// Retention is how long an open instance of this sequence waits for its missing messages,
+	// counted from its creation. An instance still open then is deleted by housekeeping after
+	// spec.housekeeping.expiryDelay, its WAITING messages dead-lettered; its claims (the duplicate
+	// protection of its messages) go with it. At least one minute.
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('60s') && duration(self) <= duration('87600h')",message="spec.sequences[].retention must be a duration such as 168h, from 60s (one minute) to 87600h"
 	Retention metav1.Duration `json:"retention"`
+
+	// DuplicateProtection is how long a closed instance of this sequence and the claims of its
+	// messages are kept, counted from its closing: until then a duplicate of any of its messages
+	// is recognised (acknowledged, not delivered, no new instance). The first housekeeping run
+	// after that deletes the instance with its messages and claims; a later duplicate is treated
+	// as a new message. Unset: the retention. 0s deletes closed instances at the next
+	// housekeeping run. The window in force when an instance closes applies to it.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('0s') && duration(self) <= duration('87600h')",message="spec.sequences[].duplicateProtection must be a duration such as 168h, from 0s to 87600h"
+	DuplicateProtection *metav1.Duration `json:"duplicateProtection,omitempty"`
 
 	// Messages are the (qualified) message types of the sequence.
 	// +kubebuilder:validation:MinItems=1

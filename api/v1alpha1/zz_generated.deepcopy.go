@@ -334,6 +334,11 @@ func (in *ReleaseConditionTerm) DeepCopy() *ReleaseConditionTerm {
 func (in *SequenceSpec) DeepCopyInto(out *SequenceSpec) {
 	*out = *in
 	out.Retention = in.Retention
+	if in.DuplicateProtection != nil {
+		in, out := &in.DuplicateProtection, &out.DuplicateProtection
+		*out = new(metav1.Duration)
+		**out = **in
+	}
 	if in.Messages != nil {
 		in, out := &in.Messages, &out.Messages
 		*out = make([]MessageSpec, len(*in))

@@ -309,7 +309,7 @@ func (p *processor) housekeepPeriodically(ctx context.Context) {
 			continue
 		}
 		if rep.Leader {
-			p.c.log.Info("housekeeping done", "deletedClosed", rep.DeletedClosed, "markedExpired", rep.MarkedExpired,
+			p.c.log.Info("housekeeping done", "windowedClosed", rep.WindowedClosed, "deletedClosed", rep.DeletedClosed, "markedExpired", rep.MarkedExpired,
 				"deletedExpired", rep.DeletedExpired, "deadLettered", rep.DeadLettered, "finished", rep.Finished)
 		}
 	}

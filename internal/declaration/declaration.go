@@ -102,12 +102,20 @@ func (c *compiler) declare(path *field.Path, specs []v1alpha1.SequenceSpec) []*s
 		}
 		if s.Retention.Duration < MinRetention {
 			c.errs = append(c.errs, field.Invalid(sp.Child("retention"), s.Retention.Duration.String(),
-				fmt.Sprintf("must be at least %s: an instance and its claims (the duplicate protection) are kept this long after creation; use for example 24h", MinRetention)))
+				fmt.Sprintf("must be at least %s: an open instance and its claims (the duplicate protection) are kept this long after creation; use for example 24h", MinRetention)))
+		}
+		protection := s.Retention.Duration
+		if s.DuplicateProtection != nil {
+			protection = s.DuplicateProtection.Duration
+		}
+		if protection < 0 {
+			c.errs = append(c.errs, field.Invalid(sp.Child("duplicateProtection"), protection.String(),
+				"must not be negative: it is how long a closed instance and its claims are kept; leave it unset to keep them for the retention"))
 		}
 		if len(s.Messages) == 0 {
 			c.errs = append(c.errs, field.Required(sp.Child("messages"), "a sequence needs at least one message type; add messages or remove the sequence"))
 		}
-		seq := &sequence.Sequence{Name: s.Name, Retention: s.Retention.Duration}
+		seq := &sequence.Sequence{Name: s.Name, Retention: s.Retention.Duration, DuplicateProtection: protection}
 		for j := range s.Messages {
 			e := c.declareMessage(sp.Child("messages").Index(j), i, s.Name, &s.Messages[j])
 			if e == nil {

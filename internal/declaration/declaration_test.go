@@ -276,6 +276,16 @@ func TestCompileRejects(t *testing.T) {
 			want: []wantErr{{"spec.sequences[0].retention", field.ErrorTypeInvalid, []string{`"0s"`}}},
 		},
 		{
+			name: "negative duplicate protection",
+			sequences: `
+- name: order
+  retention: 24h
+  duplicateProtection: -1h
+  messages:
+  - {type: A}`,
+			want: []wantErr{{"spec.sequences[0].duplicateProtection", field.ErrorTypeInvalid, []string{`"-1h0m0s"`, "must not be negative"}}},
+		},
+		{
 			name: "sequence without messages",
 			sequences: `
 - name: order
@@ -460,20 +470,30 @@ func TestCompileBuildsTheModel(t *testing.T) {
   - {type: OrderValidated, subtype: FAILED, subtypeFrom: {jsonPointer: /result}, contextId: {header: order}, releaseCondition: {predecessor: OrderCreated}}
 - name: billing
   retention: 1m
+  duplicateProtection: 168h
   messages:
   - {type: InvoiceSent, contextId: {key: true}}
-  - {type: Audit, subtype: OK, subtypeFrom: {key: true}}`))
+  - {type: Audit, subtype: OK, subtypeFrom: {key: true}}
+- name: audit
+  retention: 1h
+  duplicateProtection: 0s
+  messages:
+  - {type: Checked}`))
 	if len(errs) > 0 {
 		t.Fatalf("Compile: %v", errs.ToAggregate())
 	}
 
 	order, ok := set.Sequence("order")
-	if !ok || order.Retention != 24*time.Hour || len(order.Types) != 3 {
+	// Unset, the duplicate protection is the retention; set, it is what the user chose, 0s included.
+	if !ok || order.Retention != 24*time.Hour || order.DuplicateProtection != 24*time.Hour || len(order.Types) != 3 {
 		t.Fatalf("sequence order = %+v, %v", order, ok)
 	}
 	billing, ok := set.Sequence("billing")
-	if !ok || billing.Retention != time.Minute || len(billing.Types) != 2 {
+	if !ok || billing.Retention != time.Minute || billing.DuplicateProtection != 168*time.Hour || len(billing.Types) != 2 {
 		t.Fatalf("sequence billing = %+v, %v", billing, ok)
+	}
+	if audit, ok := set.Sequence("audit"); !ok || audit.DuplicateProtection != 0 {
+		t.Fatalf("sequence audit = %+v, %v", audit, ok)
 	}
 	if names := []string{set.Sequences()[0].Name, set.Sequences()[1].Name}; names[0] != "order" || names[1] != "billing" {
 		t.Errorf("sequences are %v, want declaration order [order billing]", names)

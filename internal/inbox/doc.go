@@ -13,7 +13,9 @@
 //   - runActionsUnderInstanceLock: operator actions (CONSUME, EXPIRE, CONSUME_ALL, CLOSE); a
 //     message action takes the message's claim behind a savepoint, as T1 does, and writes its
 //     outcome in finishMessageActionInNewTx, committed before the claim.
-//   - housekeeping batches: deleteClosedBatch, markExpiredBatch, deleteExpiredBatch.
+//   - housekeeping batches: windowClosedBatch, deleteClosedBatch (closed instances past their
+//     duplicate-protection window, which closing starts in remove_after), markExpiredBatch,
+//     deleteExpiredBatch.
 //
 // Every state write names the state it expects (PROCESSED is final), and only an action's own
 // execution clears it. Every message row keeps the raw record of its latest delivery

@@ -26,9 +26,13 @@ type HousekeepingReport struct {
 	Leader bool
 	// Finished is false when MaxDuration ended the run before all work was done.
 	Finished bool
-	// DeletedClosed and DeletedExpired count deleted instances; MarkedExpired the instances
+	// DeletedClosed counts closed instances deleted after their duplicate-protection window,
+	// DeletedExpired open instances deleted past remove_after; MarkedExpired the open instances
 	// found past retain_until and given a remove_after.
 	DeletedClosed, MarkedExpired, DeletedExpired int
+	// WindowedClosed counts closed instances found without a remove_after (closed before the
+	// schema had duplicate-protection windows, or by an older consumer) and given one.
+	WindowedClosed int
 	// DeadLettered counts WAITING messages handed to the dead-letter callback before their
 	// instance was deleted.
 	DeadLettered int
@@ -47,10 +51,12 @@ const (
 // housekeeping deletes (SPEC §4).
 const DeadLetterReasonSequenceDeleted = "sequence deleted"
 
-// Housekeep runs housekeeping if no other consumer does: delete CLOSED instances, mark instances
-// past retain_until with remove_after = retain_until + ExpiryDelay, delete instances past
-// remove_after. Every deleted instance's WAITING messages go to dl first; claims and messages go
-// with their instance (cascade), which ends the idempotence guarantee for them.
+// Housekeep runs housekeeping if no other consumer does: give closed instances without a
+// remove_after the end of their duplicate-protection window, delete closed instances past it,
+// mark open instances past retain_until with remove_after = retain_until + ExpiryDelay, delete
+// open instances past remove_after. Every deleted instance's WAITING messages go to dl first;
+// claims and messages go with their instance (cascade), which ends the duplicate protection of
+// its messages: a closed instance is kept until closed_at + its sequence's DuplicateProtection.
 func (e *Engine) Housekeep(ctx context.Context, hc HousekeepingConfig, dl DeadLetterer) (HousekeepingReport, error) {
 	var rep HousekeepingReport
 	if hc.BatchSize <= 0 || hc.MaxDuration <= 0 || hc.ExpiryDelay < 0 {
@@ -80,6 +86,7 @@ func (e *Engine) Housekeep(ctx context.Context, hc HousekeepingConfig, dl DeadLe
 		run   func(context.Context) (int, error)
 		count *int
 	}{
+		{h.windowClosedBatch, &rep.WindowedClosed},
 		{h.deleteClosedBatch, &rep.DeletedClosed},
 		{h.markExpiredBatch, &rep.MarkedExpired},
 		{h.deleteExpiredBatch, &rep.DeletedExpired},
@@ -125,13 +132,27 @@ type housekeeper struct {
 	deadLettered int
 }
 
-// closedBatchSQL picks closed instances to delete. SKIP LOCKED leaves instances alone that a
-// release or an in-flight claim (key-share lock of its foreign key) is using right now.
-const closedBatchSQL = `SELECT id FROM sequence_instance WHERE state = 'CLOSED'
-ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+// windowClosedSQL gives closed instances without a remove_after (closed before the schema had
+// duplicate-protection windows, or by an older consumer) the end of their window: closed_at plus
+// the DuplicateProtection of their sequence ($3 names, $4 seconds; 0 for a sequence no longer
+// declared).
+const windowClosedSQL = `WITH due AS (
+  SELECT id FROM sequence_instance WHERE state = 'CLOSED' AND remove_after IS NULL
+  LIMIT $1 FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE sequence_instance i SET remove_after = coalesce(i.closed_at, $2) + make_interval(secs => coalesce(
+  (SELECT w.secs FROM unnest($3::text[], $4::float8[]) AS w(name, secs) WHERE w.name = i.name), 0))
+FROM due WHERE i.id = due.id`
 
-// removableBatchSQL picks instances past remove_after to delete.
-const removableBatchSQL = `SELECT id FROM sequence_instance WHERE remove_after < $2
+// closedBatchSQL picks closed instances whose duplicate-protection window has passed. SKIP LOCKED
+// leaves instances alone that a release or an in-flight claim (key-share lock of its foreign key)
+// is using right now.
+const closedBatchSQL = `SELECT id FROM sequence_instance WHERE state = 'CLOSED' AND remove_after <= $2
+ORDER BY remove_after LIMIT $1 FOR UPDATE SKIP LOCKED`
+
+// removableBatchSQL picks open instances past remove_after to delete.
+const removableBatchSQL = `SELECT id FROM sequence_instance
+WHERE state = 'OPEN' AND remove_after IS NOT NULL AND remove_after < $2
 ORDER BY remove_after LIMIT $1 FOR UPDATE SKIP LOCKED`
 
 // markExpiredSQL gives instances past retain_until their remove_after.
@@ -156,8 +177,21 @@ ORDER BY m.id`
 
 const deleteInstancesSQL = `DELETE FROM sequence_instance WHERE id = ANY($1)`
 
+func (h *housekeeper) windowClosedBatch(ctx context.Context) (int, error) {
+	seqs := h.e.set.Sequences()
+	names, secs := make([]string, len(seqs)), make([]float64, len(seqs))
+	for i, seq := range seqs {
+		names[i], secs[i] = seq.Name, seq.DuplicateProtection.Seconds()
+	}
+	tag, err := h.conn.Exec(ctx, windowClosedSQL, h.cfg.BatchSize, h.e.clock.Now(), names, secs)
+	if err != nil {
+		return 0, fmt.Errorf("window closed instances: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
 func (h *housekeeper) deleteClosedBatch(ctx context.Context) (int, error) {
-	n, err := h.deleteBatchInTx(ctx, closedBatchSQL, h.cfg.BatchSize)
+	n, err := h.deleteBatchInTx(ctx, closedBatchSQL, h.cfg.BatchSize, h.e.clock.Now())
 	h.e.metrics.hkDeleted.WithLabelValues("closed").Add(float64(n))
 	return n, err
 }

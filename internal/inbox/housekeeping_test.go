@@ -138,7 +138,7 @@ func TestHousekeepingStopsBetweenBatchesAtMaxDuration(t *testing.T) {
 	for i := range 5 {
 		h.process(h.rec("A", string(rune('a'+i)), string(rune('a'+i))))
 	}
-	rep := h.housekeep(HousekeepingConfig{ExpiryDelay: time.Hour, BatchSize: 1, MaxDuration: 3 * time.Minute}, &recordingDeadLetterer{})
+	rep := h.housekeep(HousekeepingConfig{ExpiryDelay: time.Hour, BatchSize: 1, MaxDuration: 5 * time.Minute}, &recordingDeadLetterer{})
 	if rep.Finished || rep.DeletedClosed == 0 || rep.DeletedClosed >= 5 {
 		t.Fatalf("run = %+v, want stopped by MaxDuration after some but not all batches", rep)
 	}

@@ -104,7 +104,7 @@ UNION ALL
 SELECT 'expiring_soon', '', count(*) FROM sequence_instance
   WHERE state = 'OPEN' AND remove_after IS NULL AND retain_until >= $1 AND retain_until < $2
 UNION ALL
-SELECT 'expired', '', count(*) FROM sequence_instance WHERE remove_after IS NOT NULL`
+SELECT 'expired', '', count(*) FROM sequence_instance WHERE state = 'OPEN' AND remove_after IS NOT NULL`
 
 // stateScrapeTimeout bounds the database query of one scrape.
 const stateScrapeTimeout = 5 * time.Second

@@ -25,9 +25,12 @@ FOR NO KEY UPDATE`
 // releasing right now is left to the next run.
 const lockInstanceSkipLockedSQL = lockInstanceSQL + ` SKIP LOCKED`
 
-// closeInstanceSQL closes a complete instance (or one closed by an operator action). A pending
-// instance action survives it: only the action's own execution clears it.
-const closeInstanceSQL = `UPDATE sequence_instance SET state = 'CLOSED', closed_at = now() WHERE id = $1 AND state = 'OPEN'`
+// closeInstanceSQL closes a complete instance (or one closed by an operator action) at $2 and
+// starts its duplicate-protection window: housekeeping deletes the instance and its claims once
+// remove_after ($3) has passed. A pending instance action survives it: only the action's own
+// execution clears it.
+const closeInstanceSQL = `UPDATE sequence_instance SET state = 'CLOSED', closed_at = $2, remove_after = $3
+WHERE id = $1 AND state = 'OPEN'`
 
 // loadBufferedSQL reads a stored message with its raw record, if it has one, and how long it has
 // been waiting (measured by the database, like created_at).
@@ -181,6 +184,15 @@ func (li *lockedInstance) releaseReady(ctx context.Context, seq *sequence.Sequen
 	}
 }
 
+// duplicateProtection is how long a closed instance of the sequence is kept for its duplicates;
+// one of a sequence that is no longer declared is not kept.
+func (e *Engine) duplicateProtection(sequenceName string) time.Duration {
+	if seq, ok := e.set.Sequence(sequenceName); ok {
+		return seq.DuplicateProtection
+	}
+	return 0
+}
+
 // close marks the instance for closing; commit writes it.
 func (li *lockedInstance) close() {
 	li.open, li.closing = false, true
@@ -309,7 +321,8 @@ func (li *lockedInstance) releaseStateConn() {
 func (li *lockedInstance) commit(ctx context.Context) error {
 	b := &pgx.Batch{}
 	if li.closing {
-		b.Queue(closeInstanceSQL, li.id)
+		closedAt := li.e.clock.Now()
+		b.Queue(closeInstanceSQL, li.id, closedAt, closedAt.Add(li.e.duplicateProtection(li.name)))
 	}
 	b.Queue(commitSQL)
 	br := li.conn.SendBatch(ctx, b)

@@ -159,8 +159,11 @@ type MessageType struct {
 // Sequence is one declared sequence.
 type Sequence struct {
 	Name string
-	// Retention is how long an instance is kept after it was created.
+	// Retention is how long an open instance waits for its messages after it was created.
 	Retention time.Duration
+	// DuplicateProtection is how long a closed instance and its claims are kept after closing,
+	// so that duplicates of its messages are recognised.
+	DuplicateProtection time.Duration
 	// Types are the sequence's qualified types in declaration order.
 	Types []*MessageType
 }
