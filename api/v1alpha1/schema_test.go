@@ -94,6 +94,27 @@ func TestCreatedInboxReadsBackWithDefaults(t *testing.T) {
 	}
 }
 
+// TestDuplicateProtectionIsKeptAsSetOrLeftUnset: 0s is a valid window (closed instances go at the
+// next housekeeping run), and unset stays unset, so that the declaration can default it to the
+// retention.
+func TestDuplicateProtectionIsKeptAsSetOrLeftUnset(t *testing.T) {
+	ctx := context.Background()
+	for name, window := range map[string]*metav1.Duration{"protection-zero": {}, "protection-unset": nil} {
+		in := validInbox(name)
+		in.Spec.Sequences[0].DuplicateProtection = window
+		if err := k8s.Create(ctx, in); err != nil {
+			t.Fatalf("create with duplicateProtection %v: %v", window, err)
+		}
+		var got v1alpha1.SequentialInbox
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(in), &got); err != nil {
+			t.Fatal(err)
+		}
+		if back := got.Spec.Sequences[0].DuplicateProtection; (back == nil) != (window == nil) || (back != nil && back.Duration != 0) {
+			t.Errorf("%s: duplicateProtection read back as %v, want %v", name, back, window)
+		}
+	}
+}
+
 func TestAPIServerRejectsInvalidInboxes(t *testing.T) {
 	cases := map[string]struct {
 		mutate func(*v1alpha1.SequentialInbox)
@@ -188,19 +209,21 @@ func TestAPIServerRefusesInvalidDurationsNamingTheField(t *testing.T) {
 			})
 		}
 	}
-	for _, v := range values {
-		t.Run("retention="+v, func(t *testing.T) {
-			obj := unstructuredInbox(t, validInbox("duration"))
-			sequences, _, _ := unstructured.NestedSlice(obj.Object, "spec", "sequences")
-			sequences[0].(map[string]any)["retention"] = v
-			if err := unstructured.SetNestedSlice(obj.Object, sequences, "spec", "sequences"); err != nil {
-				t.Fatal(err)
-			}
-			err := k8s.Create(context.Background(), obj)
-			if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.sequences[0].retention") {
-				t.Fatalf("create with retention %q = %v, want Invalid naming spec.sequences[0].retention", v, err)
-			}
-		})
+	for _, f := range []string{"retention", "duplicateProtection"} {
+		for _, v := range values {
+			t.Run(f+"="+v, func(t *testing.T) {
+				obj := unstructuredInbox(t, validInbox("duration"))
+				sequences, _, _ := unstructured.NestedSlice(obj.Object, "spec", "sequences")
+				sequences[0].(map[string]any)[f] = v
+				if err := unstructured.SetNestedSlice(obj.Object, sequences, "spec", "sequences"); err != nil {
+					t.Fatal(err)
+				}
+				err := k8s.Create(context.Background(), obj)
+				if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.sequences[0]."+f) {
+					t.Fatalf("create with %s %q = %v, want Invalid naming spec.sequences[0].%s", f, v, err, f)
+				}
+			})
+		}
 	}
 }
 
