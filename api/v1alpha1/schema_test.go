@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -132,6 +133,9 @@ func TestAPIServerRejectsInvalidInboxes(t *testing.T) {
 		"context id from two places": {func(s *v1alpha1.SequentialInbox) {
 			s.Spec.Sequences[0].Messages[0].ContextID = &v1alpha1.FieldSource{Header: "h", Key: true}
 		}, "exactly one of header, jsonPointer or key"},
+		"buffer bound under a mebibyte": {func(s *v1alpha1.SequentialInbox) {
+			s.Spec.Kafka.MaxBufferedBytes = resource.NewQuantity(512<<10, resource.BinarySI)
+		}, "spec.kafka.maxBufferedBytes must be at least 1Mi"},
 		"dead letters read back": {func(s *v1alpha1.SequentialInbox) { s.Spec.DeadLetterTopic = "orders" }, "spec.deadLetterTopic must not be one of spec.kafka.topics"},
 		"retention under a minute": {func(s *v1alpha1.SequentialInbox) {
 			s.Spec.Sequences[0].Retention = metav1.Duration{Duration: 59e9}
@@ -237,4 +241,28 @@ func unstructuredInbox(t *testing.T, in *v1alpha1.SequentialInbox) *unstructured
 	obj := &unstructured.Unstructured{Object: m}
 	obj.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("SequentialInbox"))
 	return obj
+}
+
+// TestAPIServerTakesTheBufferBoundAsBytesOrQuantity: spec.kafka.maxBufferedBytes is a quantity
+// that may be written as a number of bytes too; below 1Mi it is refused in either form.
+func TestAPIServerTakesTheBufferBoundAsBytesOrQuantity(t *testing.T) {
+	cases := []struct {
+		value any
+		valid bool
+	}{{"64Mi", true}, {int64(2 << 20), true}, {"1Mi", true}, {"1M", false}, {int64(1000), false}, {"0.5Gi", true}}
+	for i, tc := range cases {
+		t.Run(fmt.Sprint(tc.value), func(t *testing.T) {
+			obj := unstructuredInbox(t, validInbox(fmt.Sprintf("buffer-bound-%d", i)))
+			if err := unstructured.SetNestedField(obj.Object, tc.value, "spec", "kafka", "maxBufferedBytes"); err != nil {
+				t.Fatal(err)
+			}
+			err := k8s.Create(context.Background(), obj)
+			switch {
+			case tc.valid && err != nil:
+				t.Errorf("create with maxBufferedBytes %v = %v, want accepted", tc.value, err)
+			case !tc.valid && (!apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.kafka.maxBufferedBytes must be at least 1Mi")):
+				t.Errorf("create with maxBufferedBytes %v = %v, want Invalid naming spec.kafka.maxBufferedBytes", tc.value, err)
+			}
+		})
+	}
 }

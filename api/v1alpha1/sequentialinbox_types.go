@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -153,6 +154,18 @@ type KafkaSpec struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	GroupProtocolEpoch int32 `json:"groupProtocolEpoch,omitempty"`
+
+	// MaxBufferedBytes bounds the bytes of the records one consumer holds between fetching and
+	// finishing them: queued behind the record in process, waiting for an earlier record of their
+	// key or sequence instance, or in process. Past it the consumer stops fetching the partitions
+	// that hold records, until it is down to half (a partition that holds none fetches again, so
+	// that one slow partition does not stop the others). A single record larger than the bound is
+	// still read and processed. Each fetch asks the broker for at most a quarter of it. Unset: a
+	// quarter of the consumer container's memory limit (the Go heap needs about twice what it
+	// holds), or 128Mi when the container has no memory limit.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity('1Mi')) >= 0",message="spec.kafka.maxBufferedBytes must be at least 1Mi"
+	MaxBufferedBytes *resource.Quantity `json:"maxBufferedBytes,omitempty"`
 
 	// TLS enables TLS to the brokers.
 	// +optional

@@ -179,6 +179,11 @@ func (in *KafkaSpec) DeepCopyInto(out *KafkaSpec) {
 		*out = make([]string, len(*in))
 		copy(*out, *in)
 	}
+	if in.MaxBufferedBytes != nil {
+		in, out := &in.MaxBufferedBytes, &out.MaxBufferedBytes
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	if in.TLS != nil {
 		in, out := &in.TLS, &out.TLS
 		*out = new(KafkaTLS)

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/seqinbox/seqinbox/internal/consumer"
@@ -36,7 +37,10 @@ buffer out-of-order messages, deliver released ones to the sink, and dead-letter
 The manifest is the file you apply with kubectl. What the cluster would take from Secrets comes
 from flags or the environment: --database-url (SEQINBOX_DATABASE_URL), --bootstrap-servers
 (SEQINBOX_BOOTSTRAP_SERVERS), SEQINBOX_KAFKA_USERNAME, SEQINBOX_KAFKA_PASSWORD and
-SEQINBOX_KAFKA_CA_FILE. The database schema must be current: run 'seqinbox migrate' first.
+SEQINBOX_KAFKA_CA_FILE. SEQINBOX_MEMORY_LIMIT (bytes, or a quantity such as 512Mi; the operator
+passes the container's memory limit) sets the bound on the bytes of buffered records to a quarter
+of it, unless spec.kafka.maxBufferedBytes sets it. The database schema must be current: run
+'seqinbox migrate' first.
 
 Outside Kubernetes the endpoints listen on 127.0.0.1 on ports the kernel picks (the log names
 them), so several consumers run side by side on one host. In a pod the operator passes the
@@ -61,6 +65,10 @@ addresses and the pod name as --instance-id.`,
 			if instanceID == "" {
 				instanceID = defaultInstanceID()
 			}
+			limit, err := memoryLimit()
+			if err != nil {
+				return err
+			}
 			var servers []string
 			if bootstrap != "" {
 				servers = strings.Split(bootstrap, ",")
@@ -80,6 +88,7 @@ addresses and the pod name as --instance-id.`,
 					CAFile: os.Getenv(envSinkCAFile), CertFile: os.Getenv(envSinkCertFile),
 					KeyFile: os.Getenv(envSinkKeyFile), TokenFile: os.Getenv(envSinkTokenFile),
 				},
+				MemoryLimit: limit,
 				InstanceID:  instanceID,
 				HealthAddr:  disabled(serving.healthAddr),
 				MetricsAddr: disabled(serving.metricsAddr),
@@ -100,4 +109,18 @@ addresses and the pod name as --instance-id.`,
 		"name of this consumer in the consumer registry and the logs, unique per running consumer (default: the host name and a random suffix)")
 	addLogFlags(cmd, &logOpts)
 	return cmd
+}
+
+// memoryLimit reads the container's memory limit from SEQINBOX_MEMORY_LIMIT: bytes, as the
+// downward API gives it, or a quantity such as 512Mi. Unset or empty is no limit.
+func memoryLimit() (int64, error) {
+	v := os.Getenv(envMemoryLimit)
+	if v == "" {
+		return 0, nil
+	}
+	q, err := resource.ParseQuantity(v)
+	if err != nil || q.Sign() < 0 {
+		return 0, usageErrorf("%s=%q: want the container's memory limit in bytes or as a quantity such as 512Mi", envMemoryLimit, v)
+	}
+	return q.Value(), nil
 }

@@ -30,6 +30,8 @@ const (
 	envSinkCertFile     = "SEQINBOX_SINK_CERT_FILE"
 	envSinkKeyFile      = "SEQINBOX_SINK_KEY_FILE"
 	envSinkTokenFile    = "SEQINBOX_SINK_TOKEN_FILE"
+	// envMemoryLimit is the consumer container's memory limit, from the downward API.
+	envMemoryLimit = "SEQINBOX_MEMORY_LIMIT"
 )
 
 // Output formats of --output.

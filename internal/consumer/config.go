@@ -30,6 +30,10 @@ type Config struct {
 	Kafka Kafka
 	// SinkAuth is what spec.sink.tls and spec.sink.bearerTokenSecretRef's Secrets hold, as files.
 	SinkAuth sink.Auth
+	// MemoryLimit is the consumer container's memory limit in bytes (the operator passes it as
+	// SEQINBOX_MEMORY_LIMIT); without spec.kafka.maxBufferedBytes a quarter of it bounds the
+	// records the consumer holds. Zero means no limit.
+	MemoryLimit int64
 	// InstanceID names this consumer in the registry and the logs; unique per running consumer.
 	InstanceID string
 	// HealthAddr serves /healthz and /readyz, MetricsAddr serves /metrics; empty serves nothing
@@ -76,7 +80,7 @@ const (
 	defaultActionsInterval = 2 * time.Second
 	defaultCommitInterval  = time.Second
 	// maxPollRecords bounds one poll; partitions past pauseBacklog queued records stop fetching
-	// until their worker is down to resumeBacklog.
+	// until their worker is down to resumeBacklog (besides the bound in bytes, memory.go).
 	maxPollRecords = 500
 	pauseBacklog   = 1000
 	resumeBacklog  = 250
@@ -125,6 +129,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("spec.database.poolSize %d: a record in flight holds up to two connections, need at least 2", c.Inbox.Spec.Database.PoolSize)
 	case c.Inbox.Spec.Kafka.MaxPollIntervalMs <= 0:
 		return fmt.Errorf("spec.kafka.maxPollIntervalMs %d must be positive", c.Inbox.Spec.Kafka.MaxPollIntervalMs)
+	case c.Inbox.Spec.Kafka.MaxBufferedBytes != nil && c.Inbox.Spec.Kafka.MaxBufferedBytes.Value() < minMaxBufferedBytes:
+		return fmt.Errorf("spec.kafka.maxBufferedBytes %s must be at least 1Mi", c.Inbox.Spec.Kafka.MaxBufferedBytes)
+	case c.MemoryLimit < 0:
+		return fmt.Errorf("memory limit %d must not be negative", c.MemoryLimit)
 	}
 	return checkGroupTimes(&c.Inbox.Spec.Kafka)
 }

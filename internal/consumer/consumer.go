@@ -75,6 +75,8 @@ type Consumer struct {
 	recordTimeout time.Duration
 	// inFlight holds a token per record in the engine: at most poolSize/2.
 	inFlight chan struct{}
+	// backlog counts the bytes of the records held by the partition workers.
+	backlog *backlog
 
 	registry      *prometheus.Registry
 	metrics       *metrics
@@ -137,6 +139,7 @@ func New(cfg Config) (*Consumer, error) {
 		dlqTopic:      manifest.DeadLetterTopic(spec),
 		recordTimeout: RecordTimeout(cfg.maxPollInterval()),
 		inFlight:      make(chan struct{}, cfg.inFlightLimit()),
+		backlog:       newBacklog(cfg.maxBufferedBytes()),
 		registry:      prometheus.NewRegistry(),
 		metrics:       newMetrics(),
 		engineMetrics: inbox.NewMetrics(),
@@ -165,7 +168,7 @@ func New(cfg Config) (*Consumer, error) {
 	c.work, c.kill = context.WithCancel(context.Background())
 	c.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		version.BuildInfo(c.build.engineVersion, c.build.claimProtocol))
-	for _, cs := range [][]prometheus.Collector{c.metrics.collectors(), c.engineMetrics.Collectors(), sinkMetrics.Collectors(), c.dlqMetrics.Collectors(), c.group.collectors()} {
+	for _, cs := range [][]prometheus.Collector{c.metrics.collectors(), c.engineMetrics.Collectors(), sinkMetrics.Collectors(), c.dlqMetrics.Collectors(), c.group.collectors(), c.backlog.collectors()} {
 		c.registry.MustRegister(cs...)
 	}
 	return c, nil
@@ -255,7 +258,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	c.log.Info("consumer started", "group", spec.Kafka.ConsumerGroup, "topics", spec.Kafka.Topics,
 		"deadLetterTopic", c.dlqTopic, "poolSize", spec.Database.PoolSize, "inFlight", cap(c.inFlight),
-		"recordTimeout", c.recordTimeout, "listenerDeadline", deadline, "engine", c.build.engineVersion, "claimProtocol", c.build.claimProtocol,
+		"recordTimeout", c.recordTimeout, "listenerDeadline", deadline, "maxBufferedBytes", c.backlog.limit, "engine", c.build.engineVersion, "claimProtocol", c.build.claimProtocol,
 		"groupProtocol", c.group.protocol)
 	p := &processor{c: c, engine: engine, publisher: publisher}
 	for attempt := 0; ; attempt++ {

@@ -12,7 +12,9 @@ import (
 
 // keyedWindow bounds the records of one partition taken from its queue and not yet finished:
 // the ones in process and the ones held back by an earlier record of their key. Records beyond
-// it stay in the worker's queue, whose length pauses fetching.
+// it stay in the worker's queue, whose length pauses fetching. The window's records count against
+// the consumer's bound in bytes until they finish; a finished record behind an unfinished one keeps
+// only its offset.
 const keyedWindow = 256
 
 // taken is a record of the partition between being taken from the queue and being finished.
@@ -24,6 +26,10 @@ type taken struct {
 	// one of these keys.
 	keys              []string
 	started, finished bool
+	// size is what the record counts against the consumer's bound; next is the offset after it,
+	// marked for commit once every record before it finished too.
+	size int64
+	next kgo.EpochOffset
 }
 
 // keyedRun processes the records of one partition concurrently by key, as Confluent's Parallel
@@ -70,6 +76,7 @@ func (w *worker) run() {
 		k.take(r)
 	}
 	k.wg.Wait()
+	w.dropAll()
 }
 
 // awaitRoom waits until the partition may run another record and the window has room; false
@@ -95,7 +102,12 @@ func (k *keyedRun) awaitRoom() bool {
 func (k *keyedRun) take(r *kgo.Record) {
 	p := k.w.s.p
 	rec, err := p.c.decoder.Decode(r, p.c.clock.Now())
-	t := &taken{r: r, rec: rec, decodeErr: err, keys: orderKeys(p.c.set, r, rec, err)}
+	t := &taken{r: r, rec: rec, decodeErr: err, keys: orderKeys(p.c.set, r, rec, err),
+		size: recordSize(r), next: kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1}}
+	if extra := decodedSize(r, rec); extra > 0 {
+		t.size += extra
+		k.w.hold(extra)
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.window = append(k.window, t)
@@ -164,9 +176,13 @@ func (k *keyedRun) process(t *taken) {
 		k.w.stop()
 		return
 	}
+	defer k.w.release(t.size)
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	t.finished = true
+	// The window keeps a finished record until every record before it finished; its bytes are
+	// given up now.
+	t.r, t.rec, t.decodeErr = nil, inbox.Record{}, nil
 	k.running--
 	waiting := k.deferred
 	for _, key := range t.keys {
@@ -181,7 +197,7 @@ func (k *keyedRun) process(t *taken) {
 		n++
 	}
 	if n > 0 {
-		k.w.markDone(k.window[n-1].r)
+		k.w.markDone(k.window[n-1].next)
 		clear(k.window[:n])
 		k.window = k.window[n:]
 	}
@@ -195,11 +211,11 @@ func (k *keyedRun) process(t *taken) {
 	}
 }
 
-// markDone marks everything up to r as done for the next commit and updates the lag.
-func (w *worker) markDone(r *kgo.Record) {
-	w.s.mark(w.tp, kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset + 1})
+// markDone marks everything before next as done for the next commit and updates the lag.
+func (w *worker) markDone(next kgo.EpochOffset) {
+	w.s.mark(w.tp, next)
 	w.mu.Lock()
-	lag := w.hwm - (r.Offset + 1)
+	lag := w.hwm - next.Offset
 	w.mu.Unlock()
 	w.s.p.c.metrics.setLag(w.tp.topic, w.tp.partition, lag)
 }

@@ -73,6 +73,7 @@ func (p *processor) runSession(ctx context.Context) error {
 		kgo.OnPartitionsLost(s.lost),
 	)
 	opts = append(opts, groupTimes(&spec.Kafka)...)
+	opts = append(opts, fetchOptions(c.backlog.limit)...)
 	opts = append(opts, c.group.options(c.cfg.InstanceID)...)
 	if len(c.cfg.hooks) > 0 {
 		opts = append(opts, kgo.WithHooks(c.cfg.hooks...))
@@ -127,7 +128,7 @@ func (s *session) poll(ctx context.Context) {
 	}
 }
 
-// dispatch queues a partition's records at its worker and pauses fetching when it lags behind.
+// dispatch queues a partition's records at its worker (which pauses fetching when it holds too much).
 func (s *session) dispatch(fp kgo.FetchTopicPartition) {
 	tp := topicPartition{fp.Topic, fp.Partition}
 	s.mu.Lock()
@@ -139,9 +140,18 @@ func (s *session) dispatch(fp kgo.FetchTopicPartition) {
 		s.p.c.log.Error(nil, "records of a partition without worker dropped", "topic", fp.Topic, "partition", fp.Partition)
 		return
 	}
-	if w.enqueue(fp.Records, fp.HighWatermark) {
-		s.client.PauseFetchPartitions(map[string][]int32{fp.Topic: {fp.Partition}})
+	w.enqueue(fp.Records, fp.HighWatermark)
+}
+
+// allWorkers are the workers of the assigned partitions.
+func (s *session) allWorkers() []*worker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	workers := make([]*worker, 0, len(s.workers))
+	for _, w := range s.workers {
+		workers = append(workers, w)
 	}
+	return workers
 }
 
 // assigned starts a worker per new partition.

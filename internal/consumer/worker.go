@@ -22,8 +22,11 @@ type worker struct {
 	client *kgo.Client
 	tp     topicPartition
 
-	mu     sync.Mutex
-	queue  []*kgo.Record
+	mu    sync.Mutex
+	queue []*kgo.Record
+	// held is the bytes of the records handed to the worker and not finished (queued, or taken
+	// into the keyed window), counted in the consumer's backlog too.
+	held   int64
 	hwm    int64
 	paused bool
 
@@ -37,13 +40,23 @@ func newWorker(s *session, client *kgo.Client, tp topicPartition) *worker {
 	return &worker{s: s, client: client, tp: tp, wake: make(chan struct{}, 1), stopping: make(chan struct{}), done: make(chan struct{})}
 }
 
-// enqueue adds polled records; true when the backlog is long enough to pause fetching.
-func (w *worker) enqueue(records []*kgo.Record, hwm int64) (pause bool) {
+// enqueue adds polled records and pauses fetching the partition when its queue is long or the
+// consumer holds more bytes than its bound.
+func (w *worker) enqueue(records []*kgo.Record, hwm int64) {
+	var size int64
+	for _, r := range records {
+		size += recordSize(r)
+	}
+	backlog := w.s.p.c.backlog
+	backlog.add(size)
 	w.mu.Lock()
 	w.queue = append(w.queue, records...)
+	w.held += size
 	w.hwm = max(w.hwm, hwm)
-	if len(w.queue) >= pauseBacklog && !w.paused {
-		w.paused, pause = true, true
+	if !w.paused && (len(w.queue) >= pauseBacklog || backlog.over()) {
+		// Under w.mu, so that a concurrent maybeResume cannot resume before this pause.
+		w.paused = true
+		w.client.PauseFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
 	}
 	next := w.queue[0].Offset
 	w.mu.Unlock()
@@ -52,7 +65,52 @@ func (w *worker) enqueue(records []*kgo.Record, hwm int64) (pause bool) {
 	case w.wake <- struct{}{}:
 	default:
 	}
-	return pause
+}
+
+// hold counts size more bytes for records the worker holds already (what decoding added).
+func (w *worker) hold(size int64) {
+	w.s.p.c.backlog.add(size)
+	w.mu.Lock()
+	w.held += size
+	w.mu.Unlock()
+}
+
+// release stops counting size bytes of records that finished or were dropped, and lets paused
+// partitions fetch again when they may.
+func (w *worker) release(size int64) {
+	w.mu.Lock()
+	w.held -= size
+	w.mu.Unlock()
+	if !w.s.p.c.backlog.release(size) {
+		w.maybeResume()
+		return
+	}
+	// Down to the low-water mark: every paused partition may fetch again.
+	for _, o := range w.s.allWorkers() {
+		o.maybeResume()
+	}
+}
+
+// maybeResume resumes fetching the partition when its queue is short and either the consumer is
+// down to its low-water mark or the partition holds nothing.
+func (w *worker) maybeResume() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.paused && len(w.queue) <= resumeBacklog && (w.held == 0 || w.s.p.c.backlog.drained()) {
+		w.paused = false
+		w.client.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
+	}
+}
+
+// dropAll stops counting the records the worker still holds; it runs when the worker stopped and
+// its records not finished will not be.
+func (w *worker) dropAll() {
+	w.mu.Lock()
+	held := w.held
+	clear(w.queue)
+	w.queue = nil
+	w.mu.Unlock()
+	w.release(held)
 }
 
 // next takes the next record; false once the worker is stopping.
@@ -68,14 +126,8 @@ func (w *worker) next() (*kgo.Record, bool) {
 			r := w.queue[0]
 			w.queue[0] = nil
 			w.queue = w.queue[1:]
-			resume := w.paused && len(w.queue) <= resumeBacklog
-			if resume {
-				w.paused = false
-			}
 			w.mu.Unlock()
-			if resume {
-				w.client.ResumeFetchPartitions(map[string][]int32{w.tp.topic: {w.tp.partition}})
-			}
+			w.maybeResume()
 			return r, true
 		}
 		w.mu.Unlock()

@@ -238,7 +238,8 @@ func sinkFiles(sink *v1alpha1.SinkSpec) []fileFromSecret {
 	return files
 }
 
-// consumerEnv passes the pod name and the Secret-held settings; the rest is in the manifest.
+// consumerEnv passes the pod name, the Secret-held settings and the memory limit; the rest is in the
+// manifest.
 func consumerEnv(inbox *v1alpha1.SequentialInbox) []corev1.EnvVar {
 	env := []corev1.EnvVar{
 		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
@@ -263,6 +264,12 @@ func consumerEnv(inbox *v1alpha1.SequentialInbox) []corev1.EnvVar {
 	}
 	for _, f := range sinkFiles(&inbox.Spec.Sink) {
 		env = append(env, corev1.EnvVar{Name: f.env, Value: path.Join(configDir, f.file)})
+	}
+	// The consumer bounds the bytes of the records it holds by a share of its memory limit. Only a
+	// set limit is passed: without one, the downward API would give the node's allocatable memory.
+	if _, ok := consumerResources(inbox).Limits[corev1.ResourceMemory]; ok {
+		env = append(env, corev1.EnvVar{Name: "SEQINBOX_MEMORY_LIMIT", ValueFrom: &corev1.EnvVarSource{
+			ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: consumerContainer, Resource: "limits.memory"}}})
 	}
 	return env
 }

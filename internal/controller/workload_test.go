@@ -6,6 +6,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -106,6 +107,29 @@ func TestConsumerContainerRunsTheRenderedManifestWithProbesAndMetrics(t *testing
 	}
 	if got := runningEngine(d); got != engineV1 {
 		t.Errorf("runningEngine(rendered) = %+v, want %+v: a later pass must read back what it wrote", got, engineV1)
+	}
+}
+
+// TestConsumerLearnsItsMemoryLimitOnlyWhenItHasOne: the downward API would give the node's
+// allocatable memory for a container without a limit, far more than the pod may use.
+func TestConsumerLearnsItsMemoryLimitOnlyWhenItHasOne(t *testing.T) {
+	memoryLimit := func(s *scope) *corev1.EnvVar {
+		for _, e := range consumerDeployment(s).Spec.Template.Spec.Containers[0].Env {
+			if e.Name == "SEQINBOX_MEMORY_LIMIT" {
+				return &e
+			}
+		}
+		return nil
+	}
+	s := renderScope()
+	e := memoryLimit(s)
+	if e == nil || e.ValueFrom == nil || e.ValueFrom.ResourceFieldRef == nil ||
+		*e.ValueFrom.ResourceFieldRef != (corev1.ResourceFieldSelector{ContainerName: consumerContainer, Resource: "limits.memory"}) {
+		t.Errorf("SEQINBOX_MEMORY_LIMIT = %+v, want the consumer container's limits.memory (the default resources have a limit)", e)
+	}
+	s.inbox.Spec.Resources = corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}}
+	if e := memoryLimit(s); e != nil {
+		t.Errorf("SEQINBOX_MEMORY_LIMIT = %+v for a container without a memory limit, want it unset", e)
 	}
 }
 

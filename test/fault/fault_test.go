@@ -245,42 +245,73 @@ func TestMissingDeadLetterTopic(t *testing.T) {
 	checkNothingLost(t, r, s, 0)
 }
 
-// TestLargeRecordsBehindHungSink puts records of 900 KB behind a record whose sink call hangs
-// until the record deadline, and samples the consumer's heap while they wait.
+// TestLargeRecordsBehindHungSink puts 400 records of 950 KB (380 MB) behind a sink call that hangs,
+// all on one Kafka key so that they wait for it, in a consumer that learns a memory limit of 256Mi
+// as a pod does. The consumer stops fetching at its bound (a quarter of the limit), its heap stays
+// within the limit while the call hangs and after, and once the call answers every record is
+// delivered, nothing lost.
 func TestLargeRecordsBehindHungSink(t *testing.T) {
-	const group, n, size = "fault-large", 40, 900 << 10
+	const group, n, size, limit = "fault-large", 400, 950 << 10, 256 << 20
+	const bound = limit / 4
 	_, seeds := kafka(t, 1, true)
 	db := migratedDatabase(t)
 	const hung = "large-hung-created"
 	s := newSink(t, func(id string, _ int) bool { return id == hung })
-	manifest := inbox{group: group, sinkURL: s.srv.URL, maxPollIntervalMs: 8000, sinkTimeout: 20 * time.Second, poolSize: poolSize}.write(t)
-	a := startConsumer(t, "consumer-a", manifest, db, seeds)
+	// The call hangs until the test lets it answer: the record deadline is 108s.
+	manifest := inbox{group: group, sinkURL: s.srv.URL, maxPollIntervalMs: 120000, sinkTimeout: 100 * time.Second, poolSize: poolSize}.write(t)
+	a := startConsumer(t, "consumer-a", manifest, db, seeds, fmt.Sprintf("SEQINBOX_MEMORY_LIMIT=%d", limit))
 	a.waitReady(t)
 	base := a.metric("go_memstats_heap_inuse_bytes")
+	if got := a.metric("seqinbox_consumer_buffered_bytes_limit"); got != bound {
+		t.Errorf("the consumer's bound is %.0f bytes, want a quarter of its memory limit, %d", got, bound)
+	}
 
 	padding := strings.Repeat("x", size)
-	records := []*kgo.Record{event(0, "OrderCreated", hung, "large-hung", nil)}
-	var ids []string
+	hungRecord := event(0, "OrderCreated", hung, "large-hung", nil)
+	hungRecord.Key = []byte("large")
+	records := []*kgo.Record{hungRecord}
+	ids := []string{hung}
 	for i := range n {
 		order := fmt.Sprintf("large-o%d", i)
-		records = append(records, event(0, "OrderCreated", order+"-created", order, fmt.Appendf(nil, `{"orderId":%q,"padding":%q}`, order, padding)))
+		r := event(0, "OrderCreated", order+"-created", order, fmt.Appendf(nil, `{"orderId":%q,"padding":%q}`, order, padding))
+		r.Key = hungRecord.Key // behind the hung record
+		records = append(records, r)
 		ids = append(ids, order+"-created")
 	}
 	started := time.Now()
 	produce(t, seeds, records...)
-	var peak float64
-	waitUntil(t, "the sink accepted every large record", func() bool {
+	var peak, peakBuffered float64
+	sample := func() {
 		peak = max(peak, a.metric("go_memstats_heap_inuse_bytes"))
+		peakBuffered = max(peakBuffered, a.metric("seqinbox_consumer_buffered_bytes"))
+	}
+	waitUntil(t, "the consumer holds its bound while the call hangs (or its heap passed its memory limit)", func() bool {
+		sample()
+		return peakBuffered >= bound || peak > limit
+	})
+	if !s.holding(hung) {
+		t.Fatalf("the sink no longer holds %s: the test needs it held until now", hung)
+	}
+	s.releaseHeld()
+	waitUntil(t, "the sink accepted every large record", func() bool {
+		sample()
 		return s.allAccepted(ids)
 	})
 	settle(t, s, ids, seeds, group)
-	t.Logf("heap in use of the consumer: %.0f MB before, %.0f MB at the peak while %d records of %d KB (%d MB) waited behind the hung call",
-		base/1e6, peak/1e6, n, size>>10, n*size>>20)
+	t.Logf("heap in use of the consumer: %.0f MB before, %.0f MB at the peak (memory limit %d MB) while %d records of %d KB (%d MB) waited behind the hung call; buffered at most %.0f MB (bound %d MB)",
+		base/1e6, peak/1e6, limit>>20, n, size>>10, n*size>>20, peakBuffered/1e6, bound>>20)
+	if peak > limit {
+		t.Errorf("the consumer's heap in use reached %.0f MB, beyond its memory limit of %d MB", peak/1e6, limit>>20)
+	}
+	// A fetch asks for a quarter of the bound; one that arrives at the bound adds at most that.
+	if peakBuffered > bound*5/4 {
+		t.Errorf("the consumer buffered %.0f bytes, more than its bound %d and one fetch", peakBuffered, bound)
+	}
 
 	r := count(t, s, ids, seeds, group)
 	r.report(t, "large records behind a hung sink", time.Since(started))
 	checkNothingLost(t, r, s, 0)
-	if at, _ := s.acceptedAt(hung); !at.IsZero() {
-		t.Errorf("the hung message was accepted")
+	if got := s.acceptedCount(hung); got != 1 {
+		t.Errorf("the hung message was accepted %d times after it was let go, want once", got)
 	}
 }

@@ -146,8 +146,9 @@ type process struct {
 	done                           chan struct{}
 }
 
-// startConsumer runs `seqinbox consume` for the manifest until the test ends (SIGTERM then).
-func startConsumer(t testing.TB, name, manifest, databaseURL string, seeds []string) *process {
+// startConsumer runs `seqinbox consume` for the manifest until the test ends (SIGTERM then), with
+// env (NAME=value) added to the test's environment.
+func startConsumer(t testing.TB, name, manifest, databaseURL string, seeds []string, env ...string) *process {
 	t.Helper()
 	p := &process{name: name, health: freeAddr(t), metrics: freeAddr(t), logPath: filepath.Join(t.TempDir(), name+".log"), done: make(chan struct{})}
 	logFile, err := os.Create(p.logPath)
@@ -158,6 +159,7 @@ func startConsumer(t testing.TB, name, manifest, databaseURL string, seeds []str
 		"--bootstrap-servers", strings.Join(seeds, ","), "--instance-id", name,
 		"--metrics-bind-address", p.metrics, "--health-probe-bind-address", p.health)
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
+	p.cmd.Env = append(os.Environ(), env...)
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
