@@ -303,9 +303,14 @@ func (s *session) commitPeriodically(ctx context.Context) {
 	}
 }
 
-// housekeepPeriodically runs housekeeping every spec.housekeeping.interval (one consumer of all
-// wins the advisory lock); a run in progress finishes after ctx ends.
+// housekeepPeriodically runs housekeeping every spec.housekeeping.interval on the one consumer
+// that holds the housekeeping lock (the leader, which alone serves the database-wide gauges); a
+// run in progress finishes after ctx ends, then the lead is given up.
 func (p *processor) housekeepPeriodically(ctx context.Context) {
+	defer p.engine.ResignHousekeeping()
+	if _, err := p.engine.LeadHousekeeping(ctx); err != nil {
+		p.c.log.Error(err, "taking the housekeeping lead failed; trying again at the next housekeeping interval")
+	}
 	spec := &p.c.cfg.Inbox.Spec
 	hc := inbox.HousekeepingConfig{
 		ExpiryDelay: spec.Housekeeping.ExpiryDelay.Duration,

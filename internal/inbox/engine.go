@@ -82,8 +82,8 @@ const defaultLeaseMargin = 5 * time.Second
 // defaultAcquireTimeout is the AcquireTimeout of a zero Config.
 const defaultAcquireTimeout = 10 * time.Second
 
-// MaintenanceConnections is what Config.Maintenance needs: one for housekeeping (which holds its
-// advisory lock on a session), two for an action run (its instance lock and the state writes
+// MaintenanceConnections is what Config.Maintenance needs: one for housekeeping (the leader keeps
+// its advisory lock on a session between runs), two for an action run (its instance lock and the state writes
 // that commit before it). Other users of the same pool (the consumer's version fence) add theirs.
 const MaintenanceConnections = 3
 
@@ -175,6 +175,8 @@ type Engine struct {
 	instances *instanceCache
 	// claimLease is T1's idle_in_transaction_session_timeout, lockLease T2's.
 	claimLease, lockLease time.Duration
+	// lead holds the housekeeping lock while this engine leads housekeeping.
+	lead housekeepingLead
 }
 
 // New builds an engine. m may be nil when nobody collects metrics.
@@ -228,7 +230,7 @@ func New(pool *pgxpool.Pool, set *sequence.Set, l Listener, cfg Config, m *Metri
 		e.log.Info("idle lock timeout raised to the listener deadline plus margin, so that a release lock never expires during a listener call",
 			"configured", cfg.IdleLockTimeout, "effective", e.lockLease)
 	}
-	m.state.bind(cfg.Maintenance, cfg.Clock, cfg.ExpiringSoonWindow)
+	m.state.bind(cfg.Maintenance, cfg.Clock, cfg.ExpiringSoonWindow, e.leaderPID)
 	return e, nil
 }
 

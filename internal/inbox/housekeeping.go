@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,6 +49,17 @@ const (
 	housekeepingUnlockSQL  = `SELECT pg_advisory_unlock($1)`
 )
 
+// housekeepingLead is the session that holds the housekeeping lock between runs. The consumer
+// holding it is the housekeeping leader: it runs housekeeping and alone serves the database-wide
+// gauges, until it resigns or its session ends; another consumer takes the lead at its next try.
+type housekeepingLead struct {
+	// mu serialises runs, taking and giving up the lead.
+	mu   sync.Mutex
+	conn *pgxpool.Conn
+	// pid is the backend process of conn while this engine leads, else 0; the metrics read it.
+	pid atomic.Uint32
+}
+
 // DeadLetterReasonSequenceDeleted is the reason given for WAITING messages of instances that
 // housekeeping deletes (SPEC §4).
 const DeadLetterReasonSequenceDeleted = "sequence deleted"
@@ -57,7 +70,7 @@ const DeadLetterReasonSequenceDeleted = "sequence deleted"
 // open instances past remove_after. Every deleted instance's WAITING messages go to dl first;
 // claims and messages go with their instance (cascade), which ends the duplicate protection of
 // its messages: a closed instance is kept until closed_at + its sequence's DuplicateProtection.
-func (e *Engine) Housekeep(ctx context.Context, hc HousekeepingConfig, dl DeadLetterer) (HousekeepingReport, error) {
+func (e *Engine) Housekeep(ctx context.Context, hc HousekeepingConfig, dl DeadLetterer) (_ HousekeepingReport, err error) {
 	var rep HousekeepingReport
 	if hc.BatchSize <= 0 || hc.MaxDuration <= 0 || hc.ExpiryDelay < 0 {
 		return rep, fmt.Errorf("housekeeping: invalid config %+v", hc)
@@ -65,18 +78,21 @@ func (e *Engine) Housekeep(ctx context.Context, hc HousekeepingConfig, dl DeadLe
 	if dl == nil {
 		return rep, errors.New("housekeeping: no dead-letterer")
 	}
-	conn, err := e.acquire(ctx, e.maint)
-	if err != nil {
-		return rep, fmt.Errorf("housekeeping: acquire maintenance connection: %w", err)
+	e.lead.mu.Lock()
+	defer e.lead.mu.Unlock()
+	leader, err := e.leadLocked(ctx)
+	if err != nil || !leader {
+		return rep, err
 	}
-	defer conn.Release()
-	if err := conn.QueryRow(ctx, tryHousekeepingLockSQL, housekeepingLockKey).Scan(&rep.Leader); err != nil {
-		return rep, fmt.Errorf("housekeeping: lock: %w", err)
-	}
-	if !rep.Leader {
-		return rep, nil
-	}
-	defer unlockHousekeeping(conn)
+	rep.Leader = true
+	conn := e.lead.conn
+	// A failed run gives the lead up: its session may be broken, and a session that lost its
+	// lock must not go on as the leader.
+	defer func() {
+		if err != nil {
+			e.resignLocked()
+		}
+	}()
 
 	started := time.Now()
 	defer func() { e.metrics.hkDuration.Observe(time.Since(started).Seconds()) }()
@@ -97,7 +113,8 @@ func (e *Engine) Housekeep(ctx context.Context, hc HousekeepingConfig, dl DeadLe
 				rep.DeadLettered = h.deadLettered
 				return rep, nil
 			}
-			n, err := s.run(ctx)
+			var n int
+			n, err = s.run(ctx)
 			*s.count += n
 			if err != nil {
 				rep.DeadLettered = h.deadLettered
@@ -112,6 +129,64 @@ func (e *Engine) Housekeep(ctx context.Context, hc HousekeepingConfig, dl DeadLe
 	rep.Finished = true
 	return rep, nil
 }
+
+// LeadHousekeeping takes the housekeeping lock when no consumer holds it and keeps it, on a
+// maintenance connection of its own, until ResignHousekeeping, a failed run or the end of its
+// session. It reports whether this engine leads. Housekeep calls it too; a consumer calls it at
+// start, so that the database-wide gauges are served before the first run.
+func (e *Engine) LeadHousekeeping(ctx context.Context) (bool, error) {
+	e.lead.mu.Lock()
+	defer e.lead.mu.Unlock()
+	return e.leadLocked(ctx)
+}
+
+// ResignHousekeeping gives the housekeeping lock back, so that another consumer takes the lead at
+// its next try. A consumer calls it when it stops.
+func (e *Engine) ResignHousekeeping() {
+	e.lead.mu.Lock()
+	defer e.lead.mu.Unlock()
+	e.resignLocked()
+}
+
+// leadLocked is LeadHousekeeping under lead.mu.
+func (e *Engine) leadLocked(ctx context.Context) (bool, error) {
+	if e.lead.conn != nil {
+		return true, nil
+	}
+	conn, err := e.acquire(ctx, e.maint)
+	if err != nil {
+		return false, fmt.Errorf("housekeeping: acquire maintenance connection: %w", err)
+	}
+	var leader bool
+	if err := conn.QueryRow(ctx, tryHousekeepingLockSQL, housekeepingLockKey).Scan(&leader); err != nil {
+		conn.Release()
+		return false, fmt.Errorf("housekeeping: lock: %w", err)
+	}
+	if !leader {
+		conn.Release()
+		return false, nil
+	}
+	e.lead.conn = conn
+	e.lead.pid.Store(conn.Conn().PgConn().PID())
+	e.log.Info("this consumer leads housekeeping and serves the database-wide gauges")
+	return true, nil
+}
+
+// resignLocked is ResignHousekeeping under lead.mu.
+func (e *Engine) resignLocked() {
+	if e.lead.conn == nil {
+		return
+	}
+	e.lead.pid.Store(0)
+	unlockHousekeeping(e.lead.conn)
+	e.lead.conn.Release()
+	e.lead.conn = nil
+	e.log.Info("this consumer gave the housekeeping lead up")
+}
+
+// leaderPID is the backend process holding this engine's housekeeping lock, 0 while it does not
+// lead.
+func (e *Engine) leaderPID() uint32 { return e.lead.pid.Load() }
 
 // unlockHousekeeping releases the session lock; if that fails the connection is closed, which
 // ends the session and its lock, instead of returning a locked session to the pool.

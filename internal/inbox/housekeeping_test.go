@@ -108,10 +108,14 @@ func TestHousekeepingRunsOnOneConsumerAtATime(t *testing.T) {
 	if rep := h.housekeep(hc, &recordingDeadLetterer{}); !rep.Leader || rep.DeletedClosed != 1 {
 		t.Fatalf("run after the lock was released = %+v, want leader deleting 1", rep)
 	}
-	// The lock was given back: another session can take it.
+	// The leader keeps the lock between runs, until it resigns.
 	var got bool
+	if err := other.QueryRow(context.Background(), `SELECT pg_try_advisory_lock($1)`, housekeepingLockKey).Scan(&got); err != nil || got {
+		t.Fatalf("housekeeping lock taken by another session after the leader's run (%v), want it kept by the leader", err)
+	}
+	h.engine.ResignHousekeeping()
 	if err := other.QueryRow(context.Background(), `SELECT pg_try_advisory_lock($1)`, housekeepingLockKey).Scan(&got); err != nil || !got {
-		t.Fatalf("housekeeping lock still held after the run (%v)", err)
+		t.Fatalf("housekeeping lock still held after the leader resigned (%v)", err)
 	}
 	if _, err := other.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, housekeepingLockKey); err != nil {
 		t.Fatal(err)

@@ -199,6 +199,8 @@ type harness struct {
 type harnessSettings struct {
 	Config
 	recordsConns int32
+	// metrics are the engine's collectors; nil: its own, unregistered.
+	metrics *Metrics
 }
 
 type harnessOption func(*harnessSettings)
@@ -231,10 +233,12 @@ func newHarnessOn(t *testing.T, url string, set *sequence.Set, opts ...harnessOp
 	if s.Maintenance == nil {
 		s.Maintenance = newPool(t, url, MaintenanceConnections)
 	}
-	e, err := New(h.pool, set, h.listener, s.Config, nil)
+	e, err := New(h.pool, set, h.listener, s.Config, s.metrics)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A leading engine holds a maintenance connection until it resigns; the pools close after.
+	t.Cleanup(e.ResignHousekeeping)
 	h.engine = e
 	return h
 }

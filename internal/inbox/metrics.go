@@ -95,22 +95,30 @@ func (m *Metrics) Collectors() []prometheus.Collector {
 }
 
 // stateCollectSQL reads the database-wide gauges at scrape time: WAITING messages by type
-// (served by the (state, message_type) index; one per logical message), open instances expiring within the window, and
-// instances past their retention that wait for removal. Every consumer reports the same values;
-// dashboards take max() over pods, not sum().
-const stateCollectSQL = `SELECT 'waiting', message_type, count(*) FROM sequenced_message m
+// (served by the (state, message_type) index; one per logical message), open instances expiring
+// within the window, and instances past their retention that wait for removal. Only the
+// housekeeping leader serves them, so that a sum over pods counts each once: the rows come only
+// while the session $3 holds the housekeeping lock ($4, $5: its two halves as pg_locks shows
+// them), which also stops a consumer whose leading session ended behind its back.
+const stateCollectSQL = `WITH lead AS (
+  SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = $3
+    AND classid::bigint = $4 AND objid::bigint = $5 AND objsubid = 1
+)
+SELECT kind, message_type, n FROM (
+SELECT 'waiting' AS kind, message_type, count(*) AS n FROM sequenced_message m
   WHERE state = 'WAITING' AND ` + waitingStandsForItsMessage + ` GROUP BY message_type
 UNION ALL
 SELECT 'expiring_soon', '', count(*) FROM sequence_instance
   WHERE state = 'OPEN' AND remove_after IS NULL AND retain_until >= $1 AND retain_until < $2
 UNION ALL
-SELECT 'expired', '', count(*) FROM sequence_instance WHERE state = 'OPEN' AND remove_after IS NOT NULL`
+SELECT 'expired', '', count(*) FROM sequence_instance WHERE state = 'OPEN' AND remove_after IS NOT NULL
+) s WHERE EXISTS (SELECT 1 FROM lead)`
 
 // stateScrapeTimeout bounds the database query of one scrape.
 const stateScrapeTimeout = 5 * time.Second
 
 // stateCollector reports database state as gauges at scrape time. It reports nothing until an
-// engine is bound to it.
+// engine is bound to it, and nothing while that engine does not lead housekeeping.
 type stateCollector struct {
 	waiting, expiringSoon, expired *prometheus.Desc
 
@@ -118,6 +126,8 @@ type stateCollector struct {
 	pool   *pgxpool.Pool
 	clock  Clock
 	window time.Duration
+	// leaderPID is the engine's leaderPID.
+	leaderPID func() uint32
 }
 
 func newStateCollector() *stateCollector {
@@ -131,10 +141,10 @@ func newStateCollector() *stateCollector {
 	}
 }
 
-func (c *stateCollector) bind(pool *pgxpool.Pool, clock Clock, window time.Duration) {
+func (c *stateCollector) bind(pool *pgxpool.Pool, clock Clock, window time.Duration, leaderPID func() uint32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.pool, c.clock, c.window = pool, clock, window
+	c.pool, c.clock, c.window, c.leaderPID = pool, clock, window, leaderPID
 }
 
 // Describe implements prometheus.Collector.
@@ -147,15 +157,20 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
-	pool, clock, window := c.pool, c.clock, c.window
+	pool, clock, window, leaderPID := c.pool, c.clock, c.window, c.leaderPID
 	c.mu.Unlock()
 	if pool == nil {
+		return
+	}
+	pid := leaderPID()
+	if pid == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), stateScrapeTimeout)
 	defer cancel()
 	now := clock.Now()
-	rows, err := pool.Query(ctx, stateCollectSQL, now, now.Add(window))
+	rows, err := pool.Query(ctx, stateCollectSQL, now, now.Add(window), int64(pid),
+		housekeepingLockKey>>32, housekeepingLockKey&0xffff_ffff)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.waiting, err)
 		return

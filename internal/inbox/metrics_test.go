@@ -2,11 +2,15 @@ package inbox
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
 // gathered returns the value of one sample of a gathered family ("" matches unlabelled samples;
@@ -34,19 +38,20 @@ func gathered(t *testing.T, families []*dto.MetricFamily, name, label string) (f
 	return 0, false
 }
 
+// withMetrics gives the engine collectors the test gathers.
+func withMetrics(m *Metrics) harnessOption {
+	return func(s *harnessSettings) { s.metrics = m }
+}
+
 func TestMetricsReportDatabaseStateAndEngineEvents(t *testing.T) {
 	m := NewMetrics()
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(m.Collectors()...)
-	h := newIsolatedHarness(t, chainSet(), func(c *harnessSettings) { c.ExpiringSoonWindow = 2 * time.Hour })
-	e, err := New(h.pool, chainSet(), h.listener, Config{
-		ListenerDeadline: time.Minute, IdleLockTimeout: time.Minute, Clock: h.clock, ExpiringSoonWindow: 2 * time.Hour,
-		Maintenance: h.engine.maint,
-	}, m)
-	if err != nil {
-		t.Fatal(err)
+	h := newIsolatedHarness(t, chainSet(), withMetrics(m), func(c *harnessSettings) { c.ExpiringSoonWindow = 2 * time.Hour })
+	e := h.engine
+	if leader, err := e.LeadHousekeeping(context.Background()); err != nil || !leader {
+		t.Fatalf("LeadHousekeeping = %v, %v; want the only engine to lead", leader, err)
 	}
-	h.engine = e
 
 	h.process(h.rec("B", "b1", "x"))
 	h.process(h.rec("B", "b2", "y"))
@@ -99,5 +104,136 @@ func TestMetricsReportDatabaseStateAndEngineEvents(t *testing.T) {
 	}
 	if got, _ := gathered(t, families, "seqinbox_housekeeping_duration_seconds", ""); got != 1 {
 		t.Errorf("housekeeping runs observed = %v, want 1", got)
+	}
+}
+
+// databaseWideGauges are the gauges read from the database at scrape time.
+var databaseWideGauges = []string{"seqinbox_messages_waiting", "seqinbox_instances_expiring_soon", "seqinbox_instances_expired"}
+
+// servedDatabaseWide returns the database-wide gauges reg serves a sample of.
+func servedDatabaseWide(t *testing.T, reg prometheus.Gatherer) []string {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var served []string
+	for _, name := range databaseWideGauges {
+		for _, f := range families {
+			if f.GetName() == name && len(f.GetMetric()) > 0 {
+				served = append(served, name)
+			}
+		}
+	}
+	return served
+}
+
+// TestDatabaseWideGaugesComeOnlyFromTheHousekeepingLeader runs two engines (two consumer pods) on
+// one database: only the one holding the housekeeping lock serves the database-wide gauges, so a
+// sum over pods counts every WAITING message once; when the leader's session ends behind its back
+// it stops serving them at once, and the other takes over at its next housekeeping try.
+func TestDatabaseWideGaugesComeOnlyFromTheHousekeepingLeader(t *testing.T) {
+	db := testenv.FreshDatabase(t, "inbox_isolated")
+	regA, regB := prometheus.NewPedanticRegistry(), prometheus.NewPedanticRegistry()
+	mA, mB := NewMetrics(), NewMetrics()
+	regA.MustRegister(mA.Collectors()...)
+	regB.MustRegister(mB.Collectors()...)
+	a := newHarnessOn(t, db, chainSet(), withMetrics(mA))
+	b := newHarnessOn(t, db, chainSet(), withMetrics(mB))
+	a.process(a.rec("B", "b1", "x"))
+	b.process(b.rec("C", "c1", "y"))
+	ctx := context.Background()
+	hc := HousekeepingConfig{ExpiryDelay: time.Hour, BatchSize: 10, MaxDuration: time.Minute}
+
+	if a, b := servedDatabaseWide(t, regA), servedDatabaseWide(t, regB); len(a) != 0 || len(b) != 0 {
+		t.Fatalf("database-wide gauges before any engine leads: A %v, B %v; want none", a, b)
+	}
+	if leader, err := a.engine.LeadHousekeeping(ctx); err != nil || !leader {
+		t.Fatalf("A LeadHousekeeping = %v, %v; want A to lead", leader, err)
+	}
+	if rep := b.housekeep(hc, &recordingDeadLetterer{}); rep.Leader {
+		t.Fatalf("B housekeeping while A leads = %+v, want nothing done", rep)
+	}
+	if got := servedDatabaseWide(t, regA); !slices.Equal(got, databaseWideGauges) {
+		t.Fatalf("leader A serves %v, want %v", got, databaseWideGauges)
+	}
+	if got := servedDatabaseWide(t, regB); len(got) != 0 {
+		t.Fatalf("B, not leading, serves %v; a sum over pods would count them twice", got)
+	}
+	var sum float64
+	for _, reg := range []prometheus.Gatherer{regA, regB} {
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, typ := range []string{"B", "C"} {
+			n, _ := gathered(t, families, "seqinbox_messages_waiting", typ)
+			sum += n
+		}
+	}
+	if sum != 2 {
+		t.Fatalf("sum over both pods of seqinbox_messages_waiting = %v, want the 2 WAITING messages", sum)
+	}
+
+	// A's session ends behind its back (a network cut, the server killing it): its lock goes
+	// with it, and A stops serving before it notices.
+	if _, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, int64(a.engine.leaderPID())); err != nil {
+		t.Fatal(err)
+	}
+	if got := servedDatabaseWide(t, regA); len(got) != 0 {
+		t.Fatalf("A serves %v after its leading session ended, want none", got)
+	}
+	if rep := b.housekeep(hc, &recordingDeadLetterer{}); !rep.Leader {
+		t.Fatalf("B housekeeping after A's session ended = %+v, want B to lead", rep)
+	}
+	if got := servedDatabaseWide(t, regB); !slices.Equal(got, databaseWideGauges) {
+		t.Fatalf("new leader B serves %v, want %v", got, databaseWideGauges)
+	}
+	if _, err := a.engine.Housekeep(ctx, hc, &recordingDeadLetterer{}); err == nil {
+		t.Fatal("A's housekeeping on its ended session succeeded")
+	}
+	if leader, err := a.engine.LeadHousekeeping(ctx); err != nil || leader {
+		t.Fatalf("A LeadHousekeeping while B leads = %v, %v; want A not to lead", leader, err)
+	}
+	if got := servedDatabaseWide(t, regA); len(got) != 0 {
+		t.Fatalf("A serves %v while B leads, want none", got)
+	}
+
+	b.engine.ResignHousekeeping()
+	if got := servedDatabaseWide(t, regB); len(got) != 0 {
+		t.Fatalf("B serves %v after it resigned, want none", got)
+	}
+	if leader, err := a.engine.LeadHousekeeping(ctx); err != nil || !leader {
+		t.Fatalf("A LeadHousekeeping after B resigned = %v, %v; want A to lead", leader, err)
+	}
+}
+
+// TestOneOfTwoRacingEnginesLeadsHousekeeping lets two engines try to take the lead at the same
+// moment, many times: exactly one leads each time.
+func TestOneOfTwoRacingEnginesLeadsHousekeeping(t *testing.T) {
+	db := testenv.FreshDatabase(t, "inbox_isolated")
+	engines := []*Engine{newHarnessOn(t, db, chainSet()).engine, newHarnessOn(t, db, chainSet()).engine}
+	for i := range 50 {
+		start := make(chan struct{})
+		leads := make([]bool, len(engines))
+		var wg sync.WaitGroup
+		for j, e := range engines {
+			wg.Go(func() {
+				<-start
+				leader, err := e.LeadHousekeeping(context.Background())
+				if err != nil {
+					t.Error(err)
+				}
+				leads[j] = leader
+			})
+		}
+		close(start)
+		wg.Wait()
+		if leads[0] == leads[1] {
+			t.Fatalf("iteration %d: leads = %v, want exactly one leader", i, leads)
+		}
+		for _, e := range engines {
+			e.ResignHousekeeping()
+		}
 	}
 }
