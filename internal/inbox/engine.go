@@ -230,8 +230,16 @@ func New(pool *pgxpool.Pool, set *sequence.Set, l Listener, cfg Config, m *Metri
 		e.log.Info("idle lock timeout raised to the listener deadline plus margin, so that a release lock never expires during a listener call",
 			"configured", cfg.IdleLockTimeout, "effective", e.lockLease)
 	}
-	m.state.bind(cfg.Maintenance, cfg.Clock, cfg.ExpiringSoonWindow, e.leaderPID)
+	m.state.bind(cfg.Maintenance, cfg.Clock, cfg.ExpiringSoonWindow, e.leaderPID, e.sequenceOf)
 	return e, nil
+}
+
+// sequenceOf names the sequence of a qualified type, "" when no sequence declares it (any more).
+func (e *Engine) sequenceOf(qualified string) string {
+	if t, ok := e.set.Lookup(qualified); ok {
+		return t.Sequence.Name
+	}
+	return ""
 }
 
 // Process handles one record (SPEC §3). The error is for infrastructure failures only (database

@@ -95,7 +95,8 @@ func (m *Metrics) Collectors() []prometheus.Collector {
 }
 
 // stateCollectSQL reads the database-wide gauges at scrape time: WAITING messages by type
-// (served by the (state, message_type) index; one per logical message), open instances expiring
+// (served by the (state, message_type) index; one per logical message) with the age of the
+// oldest (on the database's clock, as the waiting-time histogram), open instances expiring
 // within the window, and instances past their retention that wait for removal. Only the
 // housekeeping leader serves them, so that a sum over pods counts each once: the rows come only
 // while the session $3 holds the housekeeping lock ($4, $5: its two halves as pg_locks shows
@@ -104,14 +105,16 @@ const stateCollectSQL = `WITH lead AS (
   SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = $3
     AND classid::bigint = $4 AND objid::bigint = $5 AND objsubid = 1
 )
-SELECT kind, message_type, n FROM (
-SELECT 'waiting' AS kind, message_type, count(*) AS n FROM sequenced_message m
+SELECT kind, message_type, n, oldest FROM (
+SELECT 'waiting' AS kind, message_type, count(*) AS n,
+    extract(epoch FROM clock_timestamp() - min(created_at))::float8 AS oldest
+  FROM sequenced_message m
   WHERE state = 'WAITING' AND ` + waitingStandsForItsMessage + ` GROUP BY message_type
 UNION ALL
-SELECT 'expiring_soon', '', count(*) FROM sequence_instance
+SELECT 'expiring_soon', '', count(*), 0 FROM sequence_instance
   WHERE state = 'OPEN' AND remove_after IS NULL AND retain_until >= $1 AND retain_until < $2
 UNION ALL
-SELECT 'expired', '', count(*) FROM sequence_instance WHERE state = 'OPEN' AND remove_after IS NOT NULL
+SELECT 'expired', '', count(*), 0 FROM sequence_instance WHERE state = 'OPEN' AND remove_after IS NOT NULL
 ) s WHERE EXISTS (SELECT 1 FROM lead)`
 
 // stateScrapeTimeout bounds the database query of one scrape.
@@ -120,7 +123,7 @@ const stateScrapeTimeout = 5 * time.Second
 // stateCollector reports database state as gauges at scrape time. It reports nothing until an
 // engine is bound to it, and nothing while that engine does not lead housekeeping.
 type stateCollector struct {
-	waiting, expiringSoon, expired *prometheus.Desc
+	waiting, oldestWaiting, expiringSoon, expired *prometheus.Desc
 
 	mu     sync.Mutex
 	pool   *pgxpool.Pool
@@ -128,12 +131,17 @@ type stateCollector struct {
 	window time.Duration
 	// leaderPID is the engine's leaderPID.
 	leaderPID func() uint32
+	// sequenceOf names the sequence of a qualified type ("" for a type no longer declared).
+	sequenceOf func(qualified string) string
 }
 
 func newStateCollector() *stateCollector {
 	return &stateCollector{
 		waiting: prometheus.NewDesc("seqinbox_messages_waiting",
 			"Messages WAITING for their predecessors, by qualified type (database-wide).", []string{"type"}, nil),
+		oldestWaiting: prometheus.NewDesc("seqinbox_oldest_waiting_message_age_seconds",
+			"Age of the oldest message WAITING for its predecessors, by sequence and qualified type (database-wide).",
+			[]string{"sequence", "type"}, nil),
 		expiringSoon: prometheus.NewDesc("seqinbox_instances_expiring_soon",
 			"Open sequence instances whose retention ends within the configured window (database-wide).", nil, nil),
 		expired: prometheus.NewDesc("seqinbox_instances_expired",
@@ -141,15 +149,16 @@ func newStateCollector() *stateCollector {
 	}
 }
 
-func (c *stateCollector) bind(pool *pgxpool.Pool, clock Clock, window time.Duration, leaderPID func() uint32) {
+func (c *stateCollector) bind(pool *pgxpool.Pool, clock Clock, window time.Duration, leaderPID func() uint32, sequenceOf func(string) string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.pool, c.clock, c.window, c.leaderPID = pool, clock, window, leaderPID
+	c.pool, c.clock, c.window, c.leaderPID, c.sequenceOf = pool, clock, window, leaderPID, sequenceOf
 }
 
 // Describe implements prometheus.Collector.
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.waiting
+	ch <- c.oldestWaiting
 	ch <- c.expiringSoon
 	ch <- c.expired
 }
@@ -157,7 +166,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
-	pool, clock, window, leaderPID := c.pool, c.clock, c.window, c.leaderPID
+	pool, clock, window, leaderPID, sequenceOf := c.pool, c.clock, c.window, c.leaderPID, c.sequenceOf
 	c.mu.Unlock()
 	if pool == nil {
 		return
@@ -180,14 +189,16 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		var (
 			kind, typ string
 			n         int64
+			oldest    float64
 		)
-		if err := rows.Scan(&kind, &typ, &n); err != nil {
+		if err := rows.Scan(&kind, &typ, &n, &oldest); err != nil {
 			ch <- prometheus.NewInvalidMetric(c.waiting, err)
 			return
 		}
 		switch kind {
 		case "waiting":
 			ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(n), typ)
+			ch <- prometheus.MustNewConstMetric(c.oldestWaiting, prometheus.GaugeValue, max(oldest, 0), sequenceOf(typ), typ)
 		case "expiring_soon":
 			ch <- prometheus.MustNewConstMetric(c.expiringSoon, prometheus.GaugeValue, float64(n))
 		case "expired":

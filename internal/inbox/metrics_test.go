@@ -237,3 +237,65 @@ func TestOneOfTwoRacingEnginesLeadsHousekeeping(t *testing.T) {
 		}
 	}
 }
+
+// TestOldestWaitingMessageAgeGauge buffers a B that waits since two hours and a C that waits
+// since now: the gauge gives each type the age of its oldest WAITING message, with its sequence,
+// and drops a type once none of its messages waits.
+func TestOldestWaitingMessageAgeGauge(t *testing.T) {
+	m := NewMetrics()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m.Collectors()...)
+	h := newIsolatedHarness(t, chainSet(), withMetrics(m))
+	if leader, err := h.engine.LeadHousekeeping(context.Background()); err != nil || !leader {
+		t.Fatalf("LeadHousekeeping = %v, %v; want the only engine to lead", leader, err)
+	}
+	h.process(h.rec("B", "b1", "x"))
+	if _, err := h.pool.Exec(context.Background(), `UPDATE sequenced_message SET created_at = created_at - interval '2 hours' WHERE message_type = 'B'`); err != nil {
+		t.Fatal(err)
+	}
+	h.process(h.rec("B", "b2", "y"))
+	h.process(h.rec("C", "c1", "x"))
+
+	age := func(typ string) (float64, bool) {
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() != "seqinbox_oldest_waiting_message_age_seconds" {
+				continue
+			}
+			for _, s := range f.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range s.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["type"] == typ {
+					if labels["sequence"] != "chain" {
+						t.Errorf("oldest waiting %s has sequence %q, want chain", typ, labels["sequence"])
+					}
+					return s.GetGauge().GetValue(), true
+				}
+			}
+		}
+		return 0, false
+	}
+	// Bounds far apart, so that a slow run cannot fail them: B's oldest is two hours old, C's new.
+	if got, ok := age("B"); !ok || got < 2*3600 || got >= 3*3600 {
+		t.Errorf("oldest waiting B = %v (present %v), want two hours and a little", got, ok)
+	}
+	if got, ok := age("C"); !ok || got < 0 || got >= 3600 {
+		t.Errorf("oldest waiting C = %v (present %v), want less than an hour", got, ok)
+	}
+	if _, ok := age("A"); ok {
+		t.Error("the gauge reports A, which never waited")
+	}
+
+	h.process(h.rec("A", "a1", "x")) // releases B b1 and C c1 of instance x
+	if got, ok := age("B"); !ok || got >= 3600 {
+		t.Errorf("oldest waiting B after b1's release = %v (present %v), want b2's age, under an hour", got, ok)
+	}
+	if _, ok := age("C"); ok {
+		t.Error("the gauge still reports C after its only WAITING message was released")
+	}
+}

@@ -154,7 +154,7 @@ func TestRulesAndDashboardReferOnlyToExportedMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	names := exported(t)
-	for _, want := range []string{"seqinbox_records_total", "seqinbox_consumer_lag", "seqinbox_build_info", "seqinbox_inbox_condition", "seqinbox_message_waiting_seconds"} {
+	for _, want := range []string{"seqinbox_records_total", "seqinbox_consumer_lag", "seqinbox_build_info", "seqinbox_inbox_condition", "seqinbox_oldest_waiting_message_age_seconds"} {
 		if !names[want] {
 			t.Fatalf("the registries do not describe %s; the check below would prove nothing", want)
 		}
@@ -178,7 +178,7 @@ func TestRulesAndDashboardReferOnlyToExportedMetrics(t *testing.T) {
 			}
 		}
 	}
-	for _, alerted := range []string{"seqinbox_consumer_lag", "seqinbox_dead_letters_total", "seqinbox_message_waiting_seconds", "seqinbox_inbox_condition"} {
+	for _, alerted := range []string{"seqinbox_consumer_lag", "seqinbox_dead_letters_total", "seqinbox_oldest_waiting_message_age_seconds", "seqinbox_inbox_condition"} {
 		if !slices.Contains(used, alerted) {
 			t.Errorf("no alert or panel watches %s", alerted)
 		}
