@@ -151,7 +151,7 @@ func New(cfg Config) (*Consumer, error) {
 	if cfg.build != (build{}) {
 		c.build = cfg.build
 	}
-	c.group = newGroupMembership(spec.Kafka.ConsumerGroup, manifest.GroupProtocol(c.build.claimProtocol, &spec.Kafka), c.clock, log.WithName("group"))
+	c.group = newGroupMembership(&spec.Kafka, manifest.GroupProtocol(c.build.claimProtocol, &spec.Kafka), c.clock, log.WithName("group"))
 	c.group.changed = c.updateReadyMetric
 	sinkMetrics := sink.NewMetrics()
 	retries := 0

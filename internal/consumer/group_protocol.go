@@ -15,8 +15,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/fence"
 	"github.com/seqinbox/seqinbox/internal/inbox"
+	"github.com/seqinbox/seqinbox/internal/kafkaauth"
 	"github.com/seqinbox/seqinbox/internal/version"
 )
 
@@ -76,6 +78,9 @@ type groupMembership struct {
 
 	refusals *prometheus.CounterVec
 	holders  *prometheus.GaugeVec
+	// kafka is how the consumer connects; auth notices the brokers refusing its credentials.
+	kafka *v1alpha1.KafkaSpec
+	auth  kafkaauth.RefusalWatch
 
 	mu sync.Mutex
 	// joined is true from a completed join until the next group error or the session's end.
@@ -90,9 +95,9 @@ type groupMembership struct {
 	lastErr error
 }
 
-func newGroupMembership(group, protocol string, clock fence.Clock, log logr.Logger) *groupMembership {
+func newGroupMembership(kafka *v1alpha1.KafkaSpec, protocol string, clock fence.Clock, log logr.Logger) *groupMembership {
 	return &groupMembership{
-		group: group, protocol: protocol, clock: clock, log: log, changed: func() {},
+		group: kafka.ConsumerGroup, protocol: protocol, kafka: kafka, clock: clock, log: log, changed: func() {},
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "seqinbox_consumer_group_join_refusals_total",
 			Help: "Joins the broker refused because members of another group protocol hold the consumer group (INCONSISTENT_GROUP_PROTOCOL).",
@@ -109,13 +114,13 @@ func (m *groupMembership) collectors() []prometheus.Collector {
 }
 
 // options are the franz-go group options that announce the inbox's group protocol and report
-// refused joins.
+// refused joins and refused credentials.
 func (m *groupMembership) options(instanceID string) []kgo.Opt {
 	return []kgo.Opt{
 		kgo.Balancers(claimBalancer{GroupBalancer: kgo.CooperativeStickyBalancer(), name: m.protocol}),
 		// The holders a refused consumer reports, and the operator's condition, name this.
 		kgo.ClientID("seqinbox-" + instanceID),
-		kgo.WithHooks(m),
+		kgo.WithHooks(m, &m.auth),
 	}
 }
 
@@ -123,9 +128,12 @@ func (m *groupMembership) options(instanceID string) []kgo.Opt {
 func (m *groupMembership) ready() (bool, string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	refused := m.auth.Refused()
 	switch {
 	case m.joined:
 		return true, ""
+	case refused != nil:
+		return false, kafkaauth.Refusal(m.kafka, refused)
 	case !m.refusedSince.IsZero():
 		return false, m.refusalLocked()
 	case m.lastErr != nil:
@@ -151,6 +159,7 @@ func (m *groupMembership) refusalLocked() string {
 // OnGroupManageError implements kgo.HookGroupManageError: franz-go calls it on its group
 // management goroutine after a failed join or a lost membership, before it backs off and rejoins.
 func (m *groupMembership) OnGroupManageError(err error) {
+	m.auth.Note(err)
 	if !errors.Is(err, kerr.InconsistentGroupProtocol) {
 		m.mu.Lock()
 		m.joined, m.lastErr = false, err
@@ -186,6 +195,7 @@ func (m *groupMembership) joinedGroup() {
 	refusedSince := m.refusedSince
 	m.joined, m.lastErr, m.refusedSince, m.held, m.describeErr = true, nil, time.Time{}, nil, nil
 	m.mu.Unlock()
+	m.auth.Reset()
 	m.holders.Reset()
 	if !refusedSince.IsZero() {
 		m.log.Info("joined the Kafka consumer group: the members of another group protocol left",
@@ -199,6 +209,7 @@ func (m *groupMembership) reset() {
 	m.mu.Lock()
 	m.joined, m.lastErr, m.refusedSince, m.held, m.describeErr = false, nil, time.Time{}, nil, nil
 	m.mu.Unlock()
+	m.auth.Reset()
 	m.holders.Reset()
 	m.changed()
 }

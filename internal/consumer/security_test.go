@@ -72,3 +72,45 @@ func TestConsumerRefusesAClientCertificateWithoutItsFiles(t *testing.T) {
 		t.Fatalf("ConnectionOptions = %v, want an error naming SEQINBOX_KAFKA_CERT_FILE", err)
 	}
 }
+
+// TestConsumerNamesTheRefusedKafkaPassword runs a consumer whose password the broker refuses (kfake
+// ends the connection during the SCRAM exchange, as some brokers do): it stays not ready, and its
+// readiness names the authentication failure with the mechanism, the user and the Secret key the
+// password came from, instead of "joining Kafka consumer group".
+func TestConsumerNamesTheRefusedKafkaPassword(t *testing.T) {
+	database(t)
+	pki := testenv.NewPKI(t)
+	seeds := testenv.SecureKafka(t, pki, "SCRAM-SHA-512", "orders-user", "s3cret", 1, "orders", "orders.dlq")
+	cert, key := pki.Client(t, "orders-user")
+	dir := t.TempDir()
+	for name, data := range map[string][]byte{"ca.crt": pki.CAPEM, "user.crt": cert, "user.key": key} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inbox := testInbox(t, seeds, "g-refused", "http://127.0.0.1:1", sinkOpts{})
+	inbox.Spec.Kafka.TLS = &v1alpha1.KafkaTLS{
+		CASecretRef:       &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "my-cluster-cluster-ca-cert"}, Key: "ca.crt"},
+		ClientCertificate: &v1alpha1.KafkaClientCertificate{SecretName: "orders-user"},
+	}
+	inbox.Spec.Kafka.SASL = &v1alpha1.KafkaSASL{Mechanism: "SCRAM-SHA-512", Username: "orders-user",
+		PasswordSecretRef: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "orders-user"}, Key: "password"}}
+	r := startConsumer(t, inbox, "refused-1", func(c *Config) {
+		c.Kafka = Kafka{Username: "orders-user", Password: "not-the-password", CAFile: filepath.Join(dir, "ca.crt"),
+			CertFile: filepath.Join(dir, "user.crt"), KeyFile: filepath.Join(dir, "user.key")}
+	})
+	var reason string
+	waitUntil(t, "readiness names the refused credentials", func() bool {
+		var ready bool
+		ready, reason = r.c.Ready()
+		return !ready && strings.HasPrefix(reason, "Kafka authentication failed")
+	})
+	for _, want := range []string{"SASL SCRAM-SHA-512", `user "orders-user"`, "password from Secret orders-user key password"} {
+		if !strings.Contains(reason, want) {
+			t.Errorf("readiness %q does not name %s", reason, want)
+		}
+	}
+	if strings.Contains(reason, "not-the-password") {
+		t.Errorf("readiness %q shows the password", reason)
+	}
+}
