@@ -115,6 +115,8 @@ func TestInvalidSpecsLeaveTheRunningConsumersUntouched(t *testing.T) {
 		name      string
 		edit      func(*v1alpha1.SequentialInboxSpec)
 		wantField string
+		// wantValue, when set, is the offending value the message names too.
+		wantValue string
 	}{
 		{name: "cycle", wantField: "spec.sequences[0].messages[0].releaseCondition", edit: func(s *v1alpha1.SequentialInboxSpec) {
 			s.Sequences[0].Messages[0].ReleaseCondition = &v1alpha1.ReleaseCondition{Predecessor: "OrderShipped"}
@@ -127,6 +129,12 @@ func TestInvalidSpecsLeaveTheRunningConsumersUntouched(t *testing.T) {
 		}},
 		{name: "pools over the connection budget", wantField: "spec.database.poolSize", edit: func(s *v1alpha1.SequentialInboxSpec) {
 			s.Database.PoolSize, s.Database.ConnectionBudget = 20, ptr.To(int32(20)) // one consumer's 20 + the Job's 1 > 20
+		}},
+		{name: "credential header forwarded", wantField: "spec.sink.forwardHeaders[1]", wantValue: "Authorization", edit: func(s *v1alpha1.SequentialInboxSpec) {
+			s.Sink.ForwardHeaders = []string{"x-tenant", "Authorization"} // the CRD pattern admits any token
+		}},
+		{name: "attribute header forwarded", wantField: "spec.sink.forwardHeaders[0]", wantValue: "ce-type", edit: func(s *v1alpha1.SequentialInboxSpec) {
+			s.Sink.ForwardHeaders = []string{"ce-type"}
 		}},
 	}
 	for _, tc := range cases {
@@ -143,7 +151,7 @@ func TestInvalidSpecsLeaveTheRunningConsumersUntouched(t *testing.T) {
 			h.update("orders", func(in *v1alpha1.SequentialInbox) { tc.edit(&in.Spec) })
 			res := h.reconcile("orders")
 
-			h.expectCondition("orders", v1alpha1.ConditionConfigValid, metav1.ConditionFalse, v1alpha1.InvalidSpecReason, tc.wantField)
+			h.expectCondition("orders", v1alpha1.ConditionConfigValid, metav1.ConditionFalse, v1alpha1.InvalidSpecReason, tc.wantField, tc.wantValue)
 			h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.InvalidSpecReason)
 			h.expectCondition("orders", v1alpha1.ConditionProgressing, metav1.ConditionFalse, v1alpha1.InvalidSpecReason)
 			if res.RequeueAfter != 0 {

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
 	"github.com/seqinbox/seqinbox/internal/inbox"
 )
 
@@ -78,22 +80,38 @@ var neverForwarded = map[string]bool{
 // claims, CloudEvents attributes in either binding, and the inbox's own dead-letter headers.
 var neverForwardedPrefixes = []string{"proxy-", "x-forwarded-", "ce-", "ce_", "seqinbox-"}
 
-// forwardSet checks spec.sink.forwardHeaders and returns it as a set of lower-case names.
-func forwardSet(names []string) (map[string]bool, error) {
-	set := make(map[string]bool, len(names))
+// ForwardHeadersPath is where spec.sink.forwardHeaders sits in a SequentialInbox.
+var ForwardHeadersPath = field.NewPath("spec", "sink", "forwardHeaders")
+
+// CheckForwardHeaders checks an allow-list of record headers, naming each refused entry by its
+// index below path. The consumer's sink (forwardSet) and the operator's validation both call it,
+// so a list the operator reports as valid is one the consumers accept.
+func CheckForwardHeaders(path *field.Path, names []string) field.ErrorList {
+	var errs field.ErrorList
 	for i, name := range names {
 		lower := strings.ToLower(name)
-		field := fmt.Sprintf("spec.sink.forwardHeaders[%d]", i)
 		switch {
 		case name == "" || !isToken(name):
-			return nil, fmt.Errorf("%s %q is not an HTTP header name", field, name)
+			errs = append(errs, field.Invalid(path.Index(i), name, "not an HTTP header name"))
 		case lower == "content-type" || lower == "traceparent" || lower == "tracestate":
-			return nil, fmt.Errorf("%s %q is always sent; remove it from the list", field, name)
+			errs = append(errs, field.Invalid(path.Index(i), name, "always sent; remove it from the list"))
 		case neverForwarded[lower] || hasPrefix(lower, neverForwardedPrefixes):
-			return nil, fmt.Errorf("%s %q may not come from a record: credential, hop-by-hop, proxy and forwarding headers, "+
-				"CloudEvents attributes (ce-, ce_) and seqinbox- headers belong to the inbox and its network", field, name)
+			errs = append(errs, field.Forbidden(path.Index(i), fmt.Sprintf("%q may not come from a record: credential, hop-by-hop, "+
+				"proxy and forwarding headers, CloudEvents attributes (ce-, ce_) and seqinbox- headers belong to the inbox and its network; "+
+				"remove it from the list", name)))
 		}
-		set[lower] = true
+	}
+	return errs
+}
+
+// forwardSet checks spec.sink.forwardHeaders and returns it as a set of lower-case names.
+func forwardSet(names []string) (map[string]bool, error) {
+	if errs := CheckForwardHeaders(ForwardHeadersPath, names); len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	set := make(map[string]bool, len(names))
+	for _, name := range names {
+		set[strings.ToLower(name)] = true
 	}
 	return set, nil
 }
