@@ -61,7 +61,7 @@ func validInbox(prefix string) *v1alpha1.SequentialInbox {
 				LocalObjectReference: corev1.LocalObjectReference{Name: "db"}, Key: "url"}},
 			Sink: v1alpha1.SinkSpec{URL: "http://orders.default.svc/events"},
 			Sequences: []v1alpha1.SequenceSpec{{
-				Name: "order", Retention: metav1.Duration{Duration: 3600e9},
+				Name: "order", Retention: v1alpha1.Duration{Duration: 3600e9},
 				Messages: []v1alpha1.MessageSpec{
 					{Type: "OrderCreated"},
 					{Type: "OrderShipped", ReleaseCondition: &v1alpha1.ReleaseCondition{And: []v1alpha1.ReleaseConditionTerm{
@@ -138,7 +138,7 @@ func TestAPIServerRejectsInvalidInboxes(t *testing.T) {
 		}, "spec.kafka.maxBufferedBytes must be at least 1Mi"},
 		"dead letters read back": {func(s *v1alpha1.SequentialInbox) { s.Spec.DeadLetterTopic = "orders" }, "spec.deadLetterTopic must not be one of spec.kafka.topics"},
 		"retention under a minute": {func(s *v1alpha1.SequentialInbox) {
-			s.Spec.Sequences[0].Retention = metav1.Duration{Duration: 59e9}
+			s.Spec.Sequences[0].Retention = v1alpha1.Duration{Duration: 59e9}
 		}, "spec.sequences[0].retention"},
 		"sequence without messages": {func(s *v1alpha1.SequentialInbox) { s.Spec.Sequences[0].Messages = nil }, "spec.sequences[0].messages"},
 		"name too long for the Jobs": {func(s *v1alpha1.SequentialInbox) {

@@ -262,7 +262,7 @@ type DatabaseSpec struct {
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="spec.database.idleLockTimeout must be a duration such as 30s, from 1s to 1h"
-	IdleLockTimeout metav1.Duration `json:"idleLockTimeout,omitzero"`
+	IdleLockTimeout Duration `json:"idleLockTimeout,omitzero"`
 }
 
 // SinkSpec is the team's HTTP service that receives released messages: a URL or a Service
@@ -293,7 +293,7 @@ type SinkSpec struct {
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('10ms') && duration(self) <= duration('1h')",message="spec.sink.timeout must be a duration such as 10s, from 10ms to 1h"
-	Timeout metav1.Duration `json:"timeout,omitzero"`
+	Timeout Duration `json:"timeout,omitzero"`
 
 	// Retries after a failed attempt (non-2xx, timeout, connection error) before the message is
 	// marked FAILED; attempts back off exponentially.
@@ -309,7 +309,7 @@ type SinkSpec struct {
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1ms') && duration(self) <= duration('10m')",message="spec.sink.initialBackoff must be a duration such as 200ms, from 1ms to 10m"
-	InitialBackoff metav1.Duration `json:"initialBackoff,omitzero"`
+	InitialBackoff Duration `json:"initialBackoff,omitzero"`
 
 	// ForwardHeaders names record headers that are sent to the sink as HTTP headers, in any
 	// case. The CloudEvents attributes (from the record's ce_ headers only), content-type,
@@ -387,7 +387,7 @@ type HousekeepingSpec struct {
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1s') && duration(self) <= duration('24h')",message="spec.housekeeping.interval must be a duration such as 5m, from 1s to 24h"
-	Interval metav1.Duration `json:"interval,omitzero"`
+	Interval Duration `json:"interval,omitzero"`
 
 	// ExpiryDelay is how long an instance past its retention is kept before it is deleted.
 	// +optional
@@ -395,7 +395,7 @@ type HousekeepingSpec struct {
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('0s') && duration(self) <= duration('8760h')",message="spec.housekeeping.expiryDelay must be a duration such as 1h, from 0s to 8760h"
-	ExpiryDelay metav1.Duration `json:"expiryDelay,omitzero"`
+	ExpiryDelay Duration `json:"expiryDelay,omitzero"`
 
 	// BatchSize is the number of instances deleted per transaction.
 	// +optional
@@ -410,7 +410,7 @@ type HousekeepingSpec struct {
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1s') && duration(self) <= duration('1h')",message="spec.housekeeping.maxDuration must be a duration such as 1m, from 1s to 1h"
-	MaxDuration metav1.Duration `json:"maxDuration,omitzero"`
+	MaxDuration Duration `json:"maxDuration,omitzero"`
 }
 
 // SequenceSpec is one sequence: the message types whose messages of one context are released in order.
@@ -428,7 +428,7 @@ type SequenceSpec struct {
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('60s') && duration(self) <= duration('87600h')",message="spec.sequences[].retention must be a duration such as 168h, from 60s (one minute) to 87600h"
-	Retention metav1.Duration `json:"retention"`
+	Retention Duration `json:"retention"`
 
 	// DuplicateProtection is how long a closed instance of this sequence and the claims of its
 	// messages are kept, counted from its closing: until then a duplicate of any of its messages

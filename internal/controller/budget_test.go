@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
@@ -57,8 +56,8 @@ func pollSpec(maxPollMs int32, timeout time.Duration, retries int32, backoff tim
 	return &v1alpha1.SequentialInboxSpec{
 		Kafka: v1alpha1.KafkaSpec{MaxPollIntervalMs: maxPollMs},
 		Sink: v1alpha1.SinkSpec{
-			Timeout: metav1.Duration{Duration: timeout}, Retries: ptr.To(retries),
-			InitialBackoff: metav1.Duration{Duration: backoff},
+			Timeout: v1alpha1.Duration{Duration: timeout}, Retries: ptr.To(retries),
+			InitialBackoff: v1alpha1.Duration{Duration: backoff},
 		},
 	}
 }

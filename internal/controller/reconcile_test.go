@@ -184,7 +184,7 @@ func TestPollIntervalShorterThanTheWorstCaseDegradesButRuns(t *testing.T) {
 	h := newHarness(t)
 	h.create("orders", func(in *v1alpha1.SequentialInbox) {
 		in.Spec.Kafka.MaxPollIntervalMs = 60000 // 3 messages × 4 attempts × 10s > 60s
-		in.Spec.Sink.Timeout = metav1.Duration{Duration: 10 * time.Second}
+		in.Spec.Sink.Timeout = v1alpha1.Duration{Duration: 10 * time.Second}
 	})
 	h.bringUp("orders")
 	h.expectCondition("orders", v1alpha1.ConditionConfigValid, metav1.ConditionTrue, v1alpha1.ValidReason)

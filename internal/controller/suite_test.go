@@ -139,7 +139,7 @@ func (h *harness) validSpec() v1alpha1.SequentialInboxSpec {
 	ref := func(name, key string) corev1.SecretKeySelector {
 		return corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: name}, Key: key}
 	}
-	hour := metav1.Duration{Duration: time.Hour}
+	hour := v1alpha1.Duration{Duration: time.Hour}
 	return v1alpha1.SequentialInboxSpec{
 		Kafka:    v1alpha1.KafkaSpec{BootstrapServers: h.seeds, Topics: []string{"orders"}, ConsumerGroup: "orders-" + h.ns},
 		Database: v1alpha1.DatabaseSpec{URLSecretRef: ref("db", "url")},

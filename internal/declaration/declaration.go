@@ -26,14 +26,16 @@ const MinRetention = time.Minute
 // CloudEvents id (binary mode header; the decoder maps structured-mode attributes to the same name).
 const DefaultIdempotenceHeader = "ce_id"
 
-// Compile validates spec.sequences and builds the sequence set. It reports every problem it finds,
-// each with the field path below `spec` and what to change; on any error the set is nil.
+// Compile validates spec.sequences and the spec's durations, and builds the sequence set. It
+// reports every problem it finds, each with the field path below `spec` and what to change; on
+// any error the set is nil.
 func Compile(spec *v1alpha1.SequentialInboxSpec) (*sequence.Set, field.ErrorList) {
 	root := field.NewPath("spec")
 	if spec == nil {
 		return nil, field.ErrorList{field.Required(root, "a SequentialInbox needs a spec with sequences")}
 	}
 	c := &compiler{owner: map[string]*entry{}, firstOfType: map[string]*entry{}}
+	c.errs = append(c.errs, checkDurations(root, spec)...)
 	sequences := c.declare(root.Child("sequences"), spec.Sequences)
 	for _, e := range c.entries {
 		c.compileCondition(e)
@@ -45,6 +47,35 @@ func Compile(spec *v1alpha1.SequentialInboxSpec) (*sequence.Set, field.ErrorList
 		return nil, c.errs
 	}
 	return sequence.NewSet(sequences), nil
+}
+
+// checkDurations reports every duration outside the sequences that is no duration at all. The
+// API server refuses such values, but an object stored before its rules existed may hold one;
+// decoding keeps it (v1alpha1.Duration) so that it is reported here instead of failing the
+// operator's cache for every inbox.
+func checkDurations(root *field.Path, spec *v1alpha1.SequentialInboxSpec) field.ErrorList {
+	var errs field.ErrorList
+	for _, d := range []struct {
+		path  *field.Path
+		value v1alpha1.Duration
+	}{
+		{root.Child("database", "idleLockTimeout"), spec.Database.IdleLockTimeout},
+		{root.Child("sink", "timeout"), spec.Sink.Timeout},
+		{root.Child("sink", "initialBackoff"), spec.Sink.InitialBackoff},
+		{root.Child("housekeeping", "interval"), spec.Housekeeping.Interval},
+		{root.Child("housekeeping", "expiryDelay"), spec.Housekeeping.ExpiryDelay},
+		{root.Child("housekeeping", "maxDuration"), spec.Housekeeping.MaxDuration},
+	} {
+		if written, malformed := d.value.Malformed(); malformed {
+			errs = append(errs, malformedDuration(d.path, written))
+		}
+	}
+	return errs
+}
+
+// malformedDuration is the error of a duration field whose value is no duration.
+func malformedDuration(path *field.Path, written string) *field.Error {
+	return field.Invalid(path, written, "not a duration: write a number with a unit (ns, us, ms, s, m, h), such as 10s or 1h30m")
 }
 
 // LongestChain is the largest sequence.Sequence.LongestChain of the set: the most listener calls
@@ -100,8 +131,10 @@ func (c *compiler) declare(path *field.Path, specs []v1alpha1.SequenceSpec) []*s
 		default:
 			names[s.Name] = i
 		}
-		if s.Retention.Duration < MinRetention {
-			c.errs = append(c.errs, field.Invalid(sp.Child("retention"), s.Retention.Duration.String(),
+		if written, malformed := s.Retention.Malformed(); malformed {
+			c.errs = append(c.errs, malformedDuration(sp.Child("retention"), written))
+		} else if s.Retention.Duration < MinRetention {
+			c.errs = append(c.errs, field.Invalid(sp.Child("retention"), s.Retention.String(),
 				fmt.Sprintf("must be at least %s: an open instance and its claims (the duplicate protection) are kept this long after creation; use for example 24h", MinRetention)))
 		}
 		protection := s.Retention.Duration

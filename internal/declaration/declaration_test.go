@@ -696,3 +696,35 @@ func mustLookup(t *testing.T, set *sequence.Set, qualified string) *sequence.Mes
 	}
 	return mt
 }
+
+// TestCompileNamesEveryMalformedDuration decodes a spec as the operator's cache would decode one
+// stored before the API server validated durations: decoding succeeds, Compile names each field.
+func TestCompileNamesEveryMalformedDuration(t *testing.T) {
+	var spec v1alpha1.SequentialInboxSpec
+	err := yaml.UnmarshalStrict([]byte(`
+database: {idleLockTimeout: 30}
+sink: {timeout: tenseconds, initialBackoff: 200ms}
+housekeeping: {interval: "", expiryDelay: 1h, maxDuration: [1m]}
+sequences:
+- name: order
+  retention: a week
+  messages: [{type: OrderCreated}]
+`), &spec)
+	if err != nil {
+		t.Fatalf("decoding a spec with malformed durations failed: %v", err)
+	}
+	set, errs := Compile(&spec)
+	if set != nil {
+		t.Error("Compile returned a set for a spec with malformed durations")
+	}
+	assertErrors(t, errs, []wantErr{
+		{"spec.database.idleLockTimeout", field.ErrorTypeInvalid, []string{"30", "not a duration"}},
+		{"spec.sink.timeout", field.ErrorTypeInvalid, []string{`"tenseconds"`, "not a duration"}},
+		{"spec.housekeeping.interval", field.ErrorTypeInvalid, []string{`""`, "not a duration"}},
+		{"spec.housekeeping.maxDuration", field.ErrorTypeInvalid, []string{"1m", "not a duration"}},
+		{"spec.sequences[0].retention", field.ErrorTypeInvalid, []string{`"a week"`, "not a duration"}},
+	})
+	if spec.Sink.InitialBackoff.Duration != 200*time.Millisecond || spec.Housekeeping.ExpiryDelay.Duration != time.Hour {
+		t.Errorf("valid durations beside the malformed ones decoded as %s and %s", spec.Sink.InitialBackoff, spec.Housekeeping.ExpiryDelay)
+	}
+}

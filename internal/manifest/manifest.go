@@ -187,8 +187,9 @@ func GroupProtocol(claimProtocol string, kafka *v1alpha1.KafkaSpec) string {
 	return name
 }
 
-func defaultDuration(d *metav1.Duration, def time.Duration) {
-	if d.Duration == 0 {
+// defaultDuration fills in an unset duration; a malformed one stays, for validation to report.
+func defaultDuration(d *v1alpha1.Duration, def time.Duration) {
+	if _, malformed := d.Malformed(); d.Duration == 0 && !malformed {
 		d.Duration = def
 	}
 }

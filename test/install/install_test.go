@@ -191,7 +191,7 @@ func TestInstallBundleIsAcceptedAndItsRBACRunsTheOperator(t *testing.T) {
 			Kafka:    v1alpha1.KafkaSpec{BootstrapServers: seeds, Topics: []string{"orders"}, ConsumerGroup: "orders"},
 			Database: v1alpha1.DatabaseSpec{URLSecretRef: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "db"}, Key: "url"}},
 			Sink:     v1alpha1.SinkSpec{URL: "http://orders.shop.svc:8080/events"},
-			Sequences: []v1alpha1.SequenceSpec{{Name: "order", Retention: metav1.Duration{Duration: time.Hour}, Messages: []v1alpha1.MessageSpec{
+			Sequences: []v1alpha1.SequenceSpec{{Name: "order", Retention: v1alpha1.Duration{Duration: time.Hour}, Messages: []v1alpha1.MessageSpec{
 				{Type: "OrderCreated"},
 				{Type: "OrderPaid", ReleaseCondition: &v1alpha1.ReleaseCondition{Predecessor: "OrderCreated"}},
 			}}},
