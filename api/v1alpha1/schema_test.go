@@ -100,7 +100,7 @@ func TestCreatedInboxReadsBackWithDefaults(t *testing.T) {
 // retention.
 func TestDuplicateProtectionIsKeptAsSetOrLeftUnset(t *testing.T) {
 	ctx := context.Background()
-	for name, window := range map[string]*metav1.Duration{"protection-zero": {}, "protection-unset": nil} {
+	for name, window := range map[string]*v1alpha1.Duration{"protection-zero": {}, "protection-unset": nil} {
 		in := validInbox(name)
 		in.Spec.Sequences[0].DuplicateProtection = window
 		if err := k8s.Create(ctx, in); err != nil {

@@ -440,7 +440,7 @@ type SequenceSpec struct {
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('0s') && duration(self) <= duration('87600h')",message="spec.sequences[].duplicateProtection must be a duration such as 168h, from 0s to 87600h"
-	DuplicateProtection *metav1.Duration `json:"duplicateProtection,omitempty"`
+	DuplicateProtection *Duration `json:"duplicateProtection,omitempty"`
 
 	// Messages are the (qualified) message types of the sequence.
 	// +kubebuilder:validation:MinItems=1

@@ -356,7 +356,7 @@ func (in *SequenceSpec) DeepCopyInto(out *SequenceSpec) {
 	out.Retention = in.Retention
 	if in.DuplicateProtection != nil {
 		in, out := &in.DuplicateProtection, &out.DuplicateProtection
-		*out = new(metav1.Duration)
+		*out = new(Duration)
 		**out = **in
 	}
 	if in.Messages != nil {

@@ -140,6 +140,9 @@ func (c *compiler) declare(path *field.Path, specs []v1alpha1.SequenceSpec) []*s
 		protection := s.Retention.Duration
 		if s.DuplicateProtection != nil {
 			protection = s.DuplicateProtection.Duration
+			if written, malformed := s.DuplicateProtection.Malformed(); malformed {
+				c.errs = append(c.errs, malformedDuration(sp.Child("duplicateProtection"), written))
+			}
 		}
 		if protection < 0 {
 			c.errs = append(c.errs, field.Invalid(sp.Child("duplicateProtection"), protection.String(),

@@ -708,6 +708,7 @@ housekeeping: {interval: "", expiryDelay: 1h, maxDuration: [1m]}
 sequences:
 - name: order
   retention: a week
+  duplicateProtection: forever
   messages: [{type: OrderCreated}]
 `), &spec)
 	if err != nil {
@@ -723,6 +724,7 @@ sequences:
 		{"spec.housekeeping.interval", field.ErrorTypeInvalid, []string{`""`, "not a duration"}},
 		{"spec.housekeeping.maxDuration", field.ErrorTypeInvalid, []string{"1m", "not a duration"}},
 		{"spec.sequences[0].retention", field.ErrorTypeInvalid, []string{`"a week"`, "not a duration"}},
+		{"spec.sequences[0].duplicateProtection", field.ErrorTypeInvalid, []string{`"forever"`, "not a duration"}},
 	})
 	if spec.Sink.InitialBackoff.Duration != 200*time.Millisecond || spec.Housekeeping.ExpiryDelay.Duration != time.Hour {
 		t.Errorf("valid durations beside the malformed ones decoded as %s and %s", spec.Sink.InitialBackoff, spec.Housekeeping.ExpiryDelay)
