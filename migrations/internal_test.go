@@ -3,6 +3,7 @@ package migrations
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -66,7 +67,7 @@ func TestFailingMigrationLeavesNeitherItsTablesNorItsLedgerRow(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	res, err := applyOn(ctx, conn, ms, len(ms))
+	res, err := applyOn(ctx, conn, ms, len(ms), ownerClaim{})
 	if err == nil || !strings.Contains(err.Error(), "0002_broken.sql") {
 		t.Fatalf("applyOn error = %v, want one naming 0002_broken.sql", err)
 	}
@@ -99,12 +100,45 @@ func TestEditedFileIsDetectedAgainstTheLedger(t *testing.T) {
 	defer conn.Close(ctx)
 	original, _ := load(fstest.MapFS{"0001_a.sql": {Data: []byte("CREATE TABLE a (id int);")}})
 	edited, _ := load(fstest.MapFS{"0001_a.sql": {Data: []byte("CREATE TABLE a (id bigint);")}})
-	if _, err := applyOn(ctx, conn, original, 1); err != nil {
+	if _, err := applyOn(ctx, conn, original, 1, ownerClaim{}); err != nil {
 		t.Fatal(err)
 	}
 
-	_, err = applyOn(ctx, conn, edited, 1)
+	_, err = applyOn(ctx, conn, edited, 1, ownerClaim{})
 	if !errors.Is(err, ErrLedgerMismatch) || !strings.Contains(err.Error(), "0001_a.sql") {
 		t.Fatalf("applyOn with an edited file = %v, want ErrLedgerMismatch naming 0001_a.sql", err)
+	}
+}
+
+// TestARefusedInboxAppliesNothing: tables owned by another inbox are refused before any pending
+// migration runs, so the refused inbox's newer image never changes the owner's schema.
+func TestARefusedInboxAppliesNothing(t *testing.T) {
+	ctx := context.Background()
+	url := testenv.FreshDatabase(t, "migrations_refuse")
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := applyOn(ctx, conn, embedded, Latest(), ownerClaim{inbox: "shop/orders"}); err != nil {
+		t.Fatal(err)
+	}
+	next := fmt.Sprintf("%04d_later.sql", Latest()+1)
+	fsys := fstest.MapFS{next: {Data: []byte("CREATE TABLE later (id int);")}}
+	for _, m := range embedded {
+		fsys[m.Name] = &fstest.MapFile{Data: []byte(m.SQL)}
+	}
+	newer, err := load(fsys)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := applyOn(ctx, conn, newer, len(newer), ownerClaim{inbox: "billing/invoices"})
+	if !errors.Is(err, ErrOwnedByAnotherInbox) || len(res.Applied) != 0 {
+		t.Fatalf("applyOn for another inbox = %+v, %v; want a refusal with nothing applied", res, err)
+	}
+	var later bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('later') IS NOT NULL`).Scan(&later); err != nil || later {
+		t.Fatalf("the pending migration ran for the refused inbox (table exists: %v, %v)", later, err)
 	}
 }

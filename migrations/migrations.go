@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -121,6 +122,12 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// Executor runs statements too; *pgx.Conn, *pgxpool.Conn, *pgxpool.Pool and pgx.Tx satisfy it.
+type Executor interface {
+	Querier
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
 // Apply brings the database behind pool to the latest schema, holding one of its connections for
 // the advisory lock. Concurrent callers serialize; each file is applied exactly once.
 func Apply(ctx context.Context, pool *pgxpool.Pool) (Result, error) {
@@ -136,18 +143,61 @@ func ApplyUpTo(ctx context.Context, pool *pgxpool.Pool, version int) (Result, er
 		return Result{}, fmt.Errorf("migrate: acquire connection: %w", err)
 	}
 	defer conn.Release()
-	return applyOn(ctx, conn.Conn(), embedded, version)
+	return applyOn(ctx, conn.Conn(), embedded, version, ownerClaim{})
 }
 
 // ApplyConn is Apply on a single connection, for callers that hold no pool.
 func ApplyConn(ctx context.Context, conn *pgx.Conn) (Result, error) {
-	return applyOn(ctx, conn, embedded, Latest())
+	return applyOn(ctx, conn, embedded, Latest(), ownerClaim{})
+}
+
+// ApplyFor is ApplyConn for one inbox (namespace/name), under the same advisory lock: it refuses
+// tables that another inbox owns (*OwnedError) before it applies anything, and records inbox as
+// their owner afterwards. takeOverFrom, when set, names the inbox whose tables inbox takes over.
+func ApplyFor(ctx context.Context, conn *pgx.Conn, inbox, takeOverFrom string) (Result, error) {
+	if inbox == "" {
+		return Result{}, errors.New("migrate: no inbox named to own the tables")
+	}
+	return applyOn(ctx, conn, embedded, Latest(), ownerClaim{inbox: inbox, from: takeOverFrom})
+}
+
+// ownerClaim is the inbox a migration runs for (none when inbox is empty), and the inbox it
+// takes the tables over from.
+type ownerClaim struct {
+	inbox, from string
+}
+
+// refuse returns the *OwnedError of tables owned by neither the inbox nor the one it takes over from.
+func (c ownerClaim) refuse(ctx context.Context, db Querier) error {
+	if c.inbox == "" {
+		return nil
+	}
+	owner, claimedAt, found, err := Owner(ctx, db)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if found && owner != c.inbox && (c.from == "" || owner != c.from) {
+		return &OwnedError{Inbox: c.inbox, Owner: owner, ClaimedAt: claimedAt}
+	}
+	return nil
+}
+
+// record makes the inbox the owner of the tables.
+func (c ownerClaim) record(ctx context.Context, db Executor) error {
+	switch {
+	case c.inbox == "":
+		return nil
+	case c.from != "":
+		return TakeOver(ctx, db, c.from, c.inbox)
+	default:
+		return ClaimOwner(ctx, db, c.inbox)
+	}
 }
 
 // applyOn holds the advisory lock on conn while it checks the ledger against ms and applies the
 // pending migrations up to target. If the lock cannot be released, conn is closed: a closed
 // session drops its locks, and a pool discards a closed connection instead of reusing it.
-func applyOn(ctx context.Context, conn *pgx.Conn, ms []Migration, target int) (res Result, err error) {
+func applyOn(ctx context.Context, conn *pgx.Conn, ms []Migration, target int, claim ownerClaim) (res Result, err error) {
 	if target < 0 || target > len(ms) {
 		return Result{}, fmt.Errorf("migrate: no schema version %d in this binary (latest is %d)", target, len(ms))
 	}
@@ -173,6 +223,9 @@ func applyOn(ctx context.Context, conn *pgx.Conn, ms []Migration, target int) (r
 		return Result{}, err
 	}
 	res = Result{Before: st.Version, After: st.Version}
+	if err := claim.refuse(ctx, conn); err != nil {
+		return res, err
+	}
 	for _, v := range st.Pending {
 		if v > target {
 			break
@@ -182,6 +235,9 @@ func applyOn(ctx context.Context, conn *pgx.Conn, ms []Migration, target int) (r
 		}
 		res.Applied = append(res.Applied, v)
 		res.After = v
+	}
+	if err := claim.record(ctx, conn); err != nil {
+		return res, fmt.Errorf("migrate: %w", err)
 	}
 	return res, nil
 }

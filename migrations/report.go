@@ -24,6 +24,9 @@ type Report struct {
 	ClaimProtocol string `json:"claimProtocol"`
 	// EngineVersion is the release of the binary that ran the migration.
 	EngineVersion string `json:"engineVersion"`
+	// Owner is the inbox (namespace/name) recorded as the owner of the tables after the run; when
+	// the run was refused because another inbox owns them, that inbox. Empty when none is recorded.
+	Owner string `json:"owner,omitempty"`
 	// LiveConsumers are the consumers registered with a recent heartbeat; never null.
 	LiveConsumers []LiveConsumer `json:"liveConsumers"`
 	// LiveConsumersTruncated says that LiveConsumers was cut to fit the termination message.

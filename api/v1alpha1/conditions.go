@@ -47,6 +47,9 @@ const (
 	MigrationRunningReason = "MigrationRunning"
 	// MigrationFailedReason (SchemaReady, Degraded): the migration Job failed; it is retried with backoff.
 	MigrationFailedReason = "MigrationFailed"
+	// DatabaseInUseReason (SchemaReady, Degraded): the database's tables belong to another inbox
+	// (the message names it); nothing runs for this one.
+	DatabaseInUseReason = "DatabaseInUse"
 	// MigratedReason (SchemaReady True): the schema has the version the target image needs.
 	MigratedReason = "Migrated"
 

@@ -635,6 +635,12 @@ type JobRunStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096
 	LastFailure string `json:"lastFailure,omitempty"`
+
+	// LastFailureReason is the condition reason of the last failed attempt when the failure has
+	// one of its own (DatabaseInUse); empty for any other failure.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	LastFailureReason string `json:"lastFailureReason,omitempty"`
 }
 
 // SequentialInbox runs a Kafka consumer that hands each logical message once, in sequence order,

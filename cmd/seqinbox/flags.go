@@ -20,6 +20,7 @@ import (
 // hold through them.
 const (
 	envDatabaseURL      = "SEQINBOX_DATABASE_URL"
+	envInbox            = "SEQINBOX_INBOX"
 	envBootstrapServers = "SEQINBOX_BOOTSTRAP_SERVERS"
 	envKafkaUsername    = "SEQINBOX_KAFKA_USERNAME"
 	envKafkaPassword    = "SEQINBOX_KAFKA_PASSWORD"

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/seqinbox/seqinbox/internal/fence"
 	"github.com/seqinbox/seqinbox/internal/inbox"
@@ -25,6 +26,9 @@ type migrateOptions struct {
 	databaseURL string
 	dryRun      bool
 	liveWithin  time.Duration
+	// inbox (namespace/name) is the inbox the tables are migrated for; takeOverFrom the inbox
+	// whose tables it takes over.
+	inbox, takeOverFrom string
 }
 
 func newMigrateCommand() *cobra.Command {
@@ -39,10 +43,21 @@ func newMigrateCommand() *cobra.Command {
 PostgreSQL advisory lock so that two migrators never race. Then report the schema version, the
 claim protocol this build speaks, and the consumers whose heartbeat is recent.
 
+With --inbox, the tables are migrated for that SequentialInbox (namespace/name): the first inbox
+is recorded as their owner, and a run for any other inbox is refused before anything is applied,
+because housekeeping and operator actions act on every row they see. --take-over-from hands the
+tables of an inbox that is gone for good (renamed, replaced) to the one of --inbox.
+
 The operator runs it as a Job from the inbox's image and reads the JSON report from the Job's
 termination message (--termination-message-path).`,
 		Example: `  # Apply every pending migration
   seqinbox migrate --database-url postgres://app@localhost/orders
+
+  # Migrate for the inbox shop/orders, which becomes the owner of the tables
+  seqinbox migrate --database-url postgres://app@localhost/orders --inbox shop/orders
+
+  # Hand the tables of the deleted inbox shop/orders to shop/orders-v2
+  seqinbox migrate --database-url postgres://app@localhost/orders --inbox shop/orders-v2 --take-over-from shop/orders
 
   # Show the schema version and the pending migrations, applying nothing
   SEQINBOX_DATABASE_URL=postgres://app@localhost/orders seqinbox migrate --dry-run -o json`,
@@ -54,8 +69,20 @@ termination message (--termination-message-path).`,
 			if err := requireDatabaseURL(cmd, &opts.databaseURL); err != nil {
 				return err
 			}
+			fromEnv(cmd, "inbox", envInbox, &opts.inbox)
 			if opts.liveWithin <= 0 {
 				return usageErrorf("--live-within %s: must be positive", opts.liveWithin)
+			}
+			for _, f := range [][2]string{{"--inbox", opts.inbox}, {"--take-over-from", opts.takeOverFrom}} {
+				if f[1] != "" && !validInboxName(f[1]) {
+					return usageErrorf("%s %q: must be namespace/name of a SequentialInbox", f[0], f[1])
+				}
+			}
+			if opts.takeOverFrom != "" && opts.inbox == "" {
+				return usageErrorf("--take-over-from needs --inbox: the inbox that takes the tables over")
+			}
+			if opts.dryRun && opts.takeOverFrom != "" {
+				return usageErrorf("--take-over-from changes the owner; it cannot be a --dry-run")
 			}
 			return migrateAndReport(cmd.Context(), opts, output, terminationPath, cmd.OutOrStdout())
 		},
@@ -64,6 +91,8 @@ termination message (--termination-message-path).`,
 	addOutputFlag(cmd, &output)
 	cmd.Flags().BoolVar(&opts.dryRun, "dry-run", false, "apply nothing; report the current schema version and the pending migrations")
 	cmd.Flags().StringVar(&terminationPath, "termination-message-path", "", "also write the JSON report here, cut to 4 KiB (Kubernetes termination message)")
+	cmd.Flags().StringVar(&opts.inbox, "inbox", "", "namespace/name of the SequentialInbox the tables are for; refused when another inbox owns them (env "+envInbox+")")
+	cmd.Flags().StringVar(&opts.takeOverFrom, "take-over-from", "", "namespace/name of an inbox gone for good whose tables --inbox takes over")
 	cmd.Flags().DurationVar(&opts.liveWithin, "live-within", fence.DefaultLivenessWindow, "a consumer whose last heartbeat is younger than this is reported live")
 	return cmd
 }
@@ -102,19 +131,36 @@ func migrate(ctx context.Context, opts migrateOptions) (migrations.Report, error
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 
-	if opts.dryRun {
+	var runErr error
+	switch {
+	case opts.dryRun:
 		st, err := migrations.Inspect(ctx, conn)
 		if err != nil {
 			return report, err
 		}
 		report.SchemaVersion, report.Pending = st.Version, st.Pending
-	} else {
-		res, err := migrations.ApplyConn(ctx, conn)
+	case opts.inbox != "":
+		var res migrations.Result
+		res, runErr = migrations.ApplyFor(ctx, conn, opts.inbox, opts.takeOverFrom)
 		report.SchemaVersion, report.Applied = res.After, res.Applied
-		if err != nil {
-			return report, err
-		}
+	default:
+		var res migrations.Result
+		res, runErr = migrations.ApplyConn(ctx, conn)
+		report.SchemaVersion, report.Applied = res.After, res.Applied
 	}
+	var owned *migrations.OwnedError
+	if errors.As(runErr, &owned) {
+		report.Owner = owned.Owner
+		return report, runErr
+	}
+	if runErr != nil {
+		return report, runErr
+	}
+	owner, _, _, err := migrations.Owner(ctx, conn)
+	if err != nil {
+		return report, err
+	}
+	report.Owner = owner
 
 	live, err := fence.LiveConsumers(ctx, conn, opts.liveWithin)
 	if err != nil {
@@ -154,6 +200,11 @@ func writeMigrateText(w io.Writer, r migrations.Report) error {
 	}
 	printf("schema version %d (%s; pending: %s)\n", r.SchemaVersion, applied, versionList(r.Pending))
 	printf("this build: engine %s, claim protocol %s\n", r.EngineVersion, r.ClaimProtocol)
+	owner := r.Owner
+	if owner == "" {
+		owner = "none recorded"
+	}
+	printf("owner of the tables: %s\n", owner)
 	if len(r.LiveConsumers) == 0 {
 		printf("live consumers: none\n")
 	} else {
@@ -166,6 +217,13 @@ func writeMigrateText(w io.Writer, r migrations.Report) error {
 	_ = tw.Flush()
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// validInboxName accepts namespace/name, each a DNS label as Kubernetes names namespaces and
+// SequentialInboxes.
+func validInboxName(s string) bool {
+	ns, name, ok := strings.Cut(s, "/")
+	return ok && len(validation.IsDNS1123Label(ns)) == 0 && len(validation.IsDNS1123Label(name)) == 0
 }
 
 func versionList(vs []int) string {

@@ -245,6 +245,9 @@ func TestMigrateCommandRejectsBadFlags(t *testing.T) {
 		{"no database", []string{}, ""},
 		{"bad output", []string{"--database-url", "postgres://x", "--output", "yaml"}, ""},
 		{"zero live-within", []string{"--database-url", "postgres://x", "--live-within", "0s"}, ""},
+		{"inbox without namespace", []string{"--database-url", "postgres://x", "--inbox", "orders"}, ""},
+		{"take-over without inbox", []string{"--database-url", "postgres://x", "--take-over-from", "shop/orders"}, ""},
+		{"take-over as a dry run", []string{"--database-url", "postgres://x", "--inbox", "shop/b", "--take-over-from", "shop/a", "--dry-run"}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -274,5 +277,41 @@ func TestMigrateCommandTakesTheDatabaseFromTheEnvironment(t *testing.T) {
 	}
 	if report.SchemaVersion != 0 || !slices.Equal(report.Pending, allVersions()) || len(report.Applied) != 0 {
 		t.Fatalf("dry run via SEQINBOX_DATABASE_URL = %+v, want an empty database with everything pending", report)
+	}
+}
+
+// TestMigrateCommandRefusesASecondInboxWithAReportNamingTheOwner runs the command as the
+// operator's Job does (inbox from SEQINBOX_INBOX, JSON report in the termination message): the
+// first inbox becomes the owner, the second fails with a report that names the owner.
+func TestMigrateCommandRefusesASecondInboxWithAReportNamingTheOwner(t *testing.T) {
+	ctx := context.Background()
+	url, _ := migrateDatabase(t)
+	t.Setenv("SEQINBOX_DATABASE_URL", url)
+	run := func(inbox string) (migrations.Report, error) {
+		t.Helper()
+		t.Setenv("SEQINBOX_INBOX", inbox)
+		path := filepath.Join(t.TempDir(), "termination-log")
+		err := migrateCommand(ctx, []string{"--output", "json", "--termination-message-path", path}, io.Discard)
+		message, readErr := os.ReadFile(path)
+		if readErr != nil {
+			t.Fatal(readErr)
+		}
+		var report migrations.Report
+		if err := json.Unmarshal(message, &report); err != nil {
+			t.Fatal(err)
+		}
+		return report, err
+	}
+
+	first, err := run("shop/orders")
+	if err != nil || first.Owner != "shop/orders" || first.SchemaVersion != migrations.Latest() {
+		t.Fatalf("first inbox: %+v, %v; want the schema migrated and shop/orders the owner", first, err)
+	}
+	second, err := run("billing/invoices")
+	if !errors.Is(err, migrations.ErrOwnedByAnotherInbox) {
+		t.Fatalf("second inbox: %v, want a refusal", err)
+	}
+	if second.Owner != "shop/orders" || !strings.Contains(second.Error, "belong to inbox shop/orders") || len(second.Applied) != 0 {
+		t.Fatalf("second inbox's report = %+v, want the owner shop/orders named and nothing applied", second)
 	}
 }

@@ -236,7 +236,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	fenceCfg.Log = c.log.WithName("fence")
 	f, err := fence.New(maintenance, fence.Identity{
 		InstanceID: c.cfg.InstanceID, ConsumerGroup: spec.Kafka.ConsumerGroup,
-		EngineVersion: c.build.engineVersion, ClaimProtocol: c.build.claimProtocol,
+		EngineVersion: c.build.engineVersion, ClaimProtocol: c.build.claimProtocol, Inbox: manifest.InboxName(c.cfg.Inbox),
 	}, fenceCfg)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)

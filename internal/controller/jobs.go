@@ -43,7 +43,7 @@ const (
 // jobOutcome is what runJob found.
 type jobOutcome struct {
 	state jobState
-	// job and report are set when the attempt succeeded.
+	// job and report are set when the attempt succeeded; report also when it failed with a report.
 	job    *batchv1.Job
 	report *migrations.Report
 	// retryIn is the wait before the next attempt (jobBackingOff).
@@ -58,6 +58,8 @@ type jobRequest struct {
 	args []string
 	// annotations are recorded on the Job when it is created.
 	annotations map[string]string
+	// env is set in the container besides the database URL.
+	env []corev1.EnvVar
 }
 
 // currentRun returns the run tracked in *slot for key, starting again at attempt 1 when the key
@@ -110,7 +112,9 @@ func (r *Reconciler) runJob(ctx context.Context, s *scope, req jobRequest) (jobO
 		if detail := r.containerMessage(ctx, s, name); detail != "" {
 			message += ": " + detail
 		}
-		return r.failAttempt(s, run, message), nil
+		out := r.failAttempt(s, run, message)
+		out.report = r.failureReport(ctx, s, name)
+		return out, nil
 	}
 	report, err := r.readReport(ctx, s, name)
 	if err != nil {
@@ -123,7 +127,7 @@ func (r *Reconciler) runJob(ctx context.Context, s *scope, req jobRequest) (jobO
 // failAttempt records a failed attempt and schedules the next one after the backoff.
 func (r *Reconciler) failAttempt(s *scope, run *v1alpha1.JobRunStatus, message string) jobOutcome {
 	run.Failures++
-	run.LastFailure = truncate(message)
+	run.LastFailure, run.LastFailureReason = truncate(message), ""
 	wait := r.backoff(run.Failures)
 	r.event(s.inbox, corev1.EventTypeWarning, "JobFailed", "RunJob", "%s; attempt %d follows in %s", message, run.Attempt+1, wait)
 	startNextAttempt(run, &metav1.Time{Time: s.now.Add(wait)})
@@ -183,6 +187,25 @@ func (r *Reconciler) readReport(ctx context.Context, s *scope, job string) (*mig
 		}
 	}
 	return nil, fmt.Errorf("no pod of job %s has a successful %s container", job, jobContainer)
+}
+
+// failureReport decodes the report that a failed `seqinbox migrate` left in its container's
+// termination message; nil when there is none (the container never ran, or wrote its log tail).
+func (r *Reconciler) failureReport(ctx context.Context, s *scope, job string) *migrations.Report {
+	pods, err := r.jobPods(ctx, s, job)
+	if err != nil {
+		return nil
+	}
+	for _, pod := range pods {
+		for _, cs := range pod.Status.ContainerStatuses {
+			if t := cs.State.Terminated; cs.Name == jobContainer && t != nil && t.ExitCode != 0 {
+				if report, err := parseReport(t.Message); err == nil {
+					return report
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // containerMessage is what a failed Job's container said: its termination message (the log tail
@@ -251,7 +274,7 @@ func buildJob(inbox *v1alpha1.SequentialInbox, image string, req jobRequest, nam
 						Name:                     jobContainer,
 						Image:                    image,
 						Args:                     req.args,
-						Env:                      []corev1.EnvVar{databaseURLEnv(inbox)},
+						Env:                      append([]corev1.EnvVar{databaseURLEnv(inbox)}, req.env...),
 						TerminationMessagePath:   corev1.TerminationMessagePathDefault,
 						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 						SecurityContext:          containerSecurityContext(),

@@ -11,6 +11,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/manifest"
+	"github.com/seqinbox/seqinbox/migrations"
 )
 
 // migrateSchema brings the database to the target image's schema with a Job running
@@ -37,7 +39,8 @@ func (r *Reconciler) migrateSchema(ctx context.Context, s *scope) (phaseResult, 
 	if run.Succeeded {
 		return proceed, nil
 	}
-	out, err := r.runJob(ctx, s, jobRequest{component: componentMigration, run: run, args: reportArgs()})
+	out, err := r.runJob(ctx, s, jobRequest{component: componentMigration, run: run, args: reportArgs(),
+		env: []corev1.EnvVar{{Name: inboxEnv, Value: manifest.InboxName(s.inbox)}}})
 	if err != nil {
 		return proceed, fmt.Errorf("migrate schema: %w", err)
 	}
@@ -48,11 +51,19 @@ func (r *Reconciler) migrateSchema(ctx context.Context, s *scope) (phaseResult, 
 		s.wait(v1alpha1.MigrationRunningReason, message)
 		return waitForEvent(), nil
 	case jobBackingOff:
+		if owner := otherOwner(s.inbox, out.report); owner != "" {
+			run.LastFailureReason, run.LastFailure = v1alpha1.DatabaseInUseReason, truncate(databaseInUse(s.inbox, owner))
+		}
+		reason := v1alpha1.MigrationFailedReason
 		message := fmt.Sprintf("The schema migration failed %d time(s), last: %s. Attempt %d starts in %s.",
 			run.Failures, run.LastFailure, run.Attempt, out.retryIn.Round(time.Second))
-		s.setCondition(schemaReadyCondition(metav1.ConditionFalse, v1alpha1.MigrationFailedReason, message))
-		s.problem(v1alpha1.MigrationFailedReason, message)
-		s.wait(v1alpha1.MigrationFailedReason, message)
+		if run.LastFailureReason == v1alpha1.DatabaseInUseReason {
+			reason = v1alpha1.DatabaseInUseReason
+			message = fmt.Sprintf("%s The operator checks again in %s.", run.LastFailure, out.retryIn.Round(time.Second))
+		}
+		s.setCondition(schemaReadyCondition(metav1.ConditionFalse, reason, message))
+		s.problem(reason, message)
+		s.wait(reason, message)
 		return requeueAfter(out.retryIn), nil
 	}
 	st.SchemaVersion = int32(out.report.SchemaVersion)
@@ -62,6 +73,29 @@ func (r *Reconciler) migrateSchema(ctx context.Context, s *scope) (phaseResult, 
 		return proceed, err
 	}
 	return proceed, nil
+}
+
+// inboxEnv names the inbox a migration runs for (`seqinbox migrate --inbox`). An environment
+// variable rather than the flag, so that an image of a release without owner checks ignores it
+// instead of failing on an unknown flag.
+const inboxEnv = "SEQINBOX_INBOX"
+
+// otherOwner is the inbox that owns the database's tables according to a failed migration's
+// report, when that is not this inbox; empty otherwise.
+func otherOwner(inbox *v1alpha1.SequentialInbox, report *migrations.Report) string {
+	if report == nil || report.Owner == "" || report.Owner == manifest.InboxName(inbox) {
+		return ""
+	}
+	return report.Owner
+}
+
+// databaseInUse explains a refusal by the owner of the tables and what to do.
+func databaseInUse(inbox *v1alpha1.SequentialInbox, owner string) string {
+	return fmt.Sprintf("The database's tables belong to SequentialInbox %[1]s: one set of tables serves one inbox, because "+
+		"housekeeping and operator actions act on every row they see. Nothing runs for this inbox, and %[1]s is left as it is. "+
+		"Point spec.database.urlSecretRef at a database of its own, or at a schema of its own (search_path in the URL); "+
+		"if %[1]s is gone for good and this inbox takes over its tables, run "+
+		"`seqinbox migrate --inbox %[2]s --take-over-from %[1]s` against the database.", owner, manifest.InboxName(inbox))
 }
 
 // databaseIdentity names the database the spec points at by the URL Secret's reference and

@@ -68,6 +68,10 @@ type Identity struct {
 	EngineVersion string
 	// ClaimProtocol is inbox.ClaimProtocol of the consumer binary; it decides conflicts.
 	ClaimProtocol string
+	// Inbox (namespace/name) is the SequentialInbox the consumer serves: the fence claims unowned
+	// tables for it and refuses tables another inbox owns (migrations.ClaimOwner). Empty only
+	// for tools that serve no inbox.
+	Inbox string
 }
 
 // Consumer is one row of the consumer registry.
@@ -311,6 +315,11 @@ func (f *Fence) Run(ctx context.Context, onChange func(ready bool, reason string
 func (f *Fence) check(ctx context.Context, lastBeat *time.Time) (ready bool, reason string, unsure bool) {
 	if _, err := CheckSchema(ctx, f.pool); err != nil {
 		return false, err.Error(), !errors.Is(err, ErrSchemaOlder)
+	}
+	if f.id.Inbox != "" {
+		if err := migrations.ClaimOwner(ctx, f.pool, f.id.Inbox); err != nil {
+			return false, err.Error(), !errors.Is(err, migrations.ErrOwnedByAnotherInbox)
+		}
 	}
 	sent := f.clock.Now()
 	var err error

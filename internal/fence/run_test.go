@@ -216,3 +216,37 @@ func TestRunKeepsReadinessThroughFailedReadsWithinTheLivenessWindow(t *testing.T
 		t.Fatalf("readiness after reads recovered = %+v, want ready", c)
 	}
 }
+
+// TestRunRefusesTablesOwnedByAnotherInboxAndClaimsUnownedOnes: a consumer of an inbox on tables
+// no inbox owns records its inbox and runs; a consumer of another inbox on the same tables never
+// becomes ready and says whose tables they are, and does not register next to the owner's.
+func TestRunRefusesTablesOwnedByAnotherInboxAndClaimsUnownedOnes(t *testing.T) {
+	ctx := context.Background()
+	pool := migratedDatabase(t, 0)
+	clock := newManualClock()
+	owner := identity("orders-0", "orders", "proto-a")
+	owner.Inbox = "shop/orders"
+	r := startRun(t, newFence(t, pool, owner, clock))
+	if c := r.next(t); !c.ready {
+		t.Fatalf("readiness of the first inbox's consumer = %+v, want ready", c)
+	}
+	if got, _, _, err := migrations.Owner(ctx, pool); err != nil || got != "shop/orders" {
+		t.Fatalf("owner = %q, %v; want the consumer's inbox shop/orders recorded", got, err)
+	}
+
+	otherClock := newManualClock()
+	intruder := identity("invoices-0", "invoices", "proto-a")
+	intruder.Inbox = "billing/invoices"
+	other := startRun(t, newFence(t, pool, intruder, otherClock))
+	c := other.next(t)
+	if c.ready || !strings.Contains(c.reason, "belong to inbox shop/orders") || !strings.Contains(c.reason, "billing/invoices") {
+		t.Fatalf("readiness of another inbox's consumer = %+v, want not ready naming shop/orders", c)
+	}
+	otherClock.Advance(t, fence.DefaultHeartbeatInterval)
+	other.noChange(t, otherClock)
+	if n := registryRows(t, pool); n != 1 {
+		t.Fatalf("%d registry rows, want only the owner's consumer", n)
+	}
+	clock.Advance(t, fence.DefaultHeartbeatInterval)
+	r.noChange(t, clock)
+}

@@ -193,3 +193,14 @@ func defaultDuration(d *v1alpha1.Duration, def time.Duration) {
 		d.Duration = def
 	}
 }
+
+// InboxName is how the database records the inbox that owns its tables (migrations.OwnerTable):
+// namespace/name, with the namespace "default" for a manifest that names none, as kubectl would
+// apply it. The operator's migrate Job and the consumers use it, so both name an inbox alike.
+func InboxName(inbox *v1alpha1.SequentialInbox) string {
+	namespace := inbox.Namespace
+	if namespace == "" {
+		namespace = "default"
+	}
+	return namespace + "/" + inbox.Name
+}
