@@ -3,6 +3,7 @@ package migrations
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 	"unicode/utf8"
 )
@@ -44,7 +45,25 @@ type LiveConsumer struct {
 	EngineVersion string    `json:"engineVersion"`
 	ClaimProtocol string    `json:"claimProtocol"`
 	HeartbeatAt   time.Time `json:"heartbeatAt"`
+	// Blocked is the record the consumer retried longest after infrastructure errors at its last
+	// heartbeat; absent when none.
+	Blocked *BlockedRecord `json:"blocked,omitempty"`
 }
+
+// BlockedRecord is a record a consumer retries after infrastructure errors (SPEC §7).
+type BlockedRecord struct {
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	Offset    int64  `json:"offset"`
+	// Since is the record's first failed attempt, by the database clock.
+	Since time.Time `json:"since"`
+	// Error is the last attempt's error, cut to MaxBlockedError bytes.
+	Error string `json:"error"`
+}
+
+// MaxBlockedError bounds the error of a BlockedRecord in the report, so that the records of
+// several consumers fit in the termination message.
+const MaxBlockedError = 300
 
 // normalized returns r with null lists replaced by empty ones.
 func (r Report) normalized() Report {
@@ -67,8 +86,8 @@ func (r Report) MarshalJSON() ([]byte, error) {
 }
 
 // EncodeWithin encodes the report in at most limit bytes: when the whole report does not fit, it
-// drops live consumers from the end of the list (and sets LiveConsumersTruncated), then shortens
-// Error.
+// drops live consumers from the end of the list, those without a blocked record first (and sets
+// LiveConsumersTruncated), then shortens Error.
 func (r Report) EncodeWithin(limit int) ([]byte, error) {
 	r = r.normalized()
 	for {
@@ -81,7 +100,7 @@ func (r Report) EncodeWithin(limit int) ([]byte, error) {
 		}
 		switch {
 		case len(r.LiveConsumers) > 0:
-			r.LiveConsumers = r.LiveConsumers[:len(r.LiveConsumers)-1]
+			r.LiveConsumers = dropOne(r.LiveConsumers)
 			r.LiveConsumersTruncated = true
 		case r.Error != "":
 			r.Error = shorten(r.Error, len(r.Error)-(len(b)-limit)-len("…"))
@@ -89,6 +108,26 @@ func (r Report) EncodeWithin(limit int) ([]byte, error) {
 			return nil, fmt.Errorf("migrate report needs %d bytes without any consumer, more than the limit of %d", len(b), limit)
 		}
 	}
+}
+
+// dropOne returns live without its last consumer that has no blocked record, or without its last
+// one when all have: blocked records are what the operator's Degraded condition needs.
+func dropOne(live []LiveConsumer) []LiveConsumer {
+	out := slices.Clone(live)
+	for i := len(out) - 1; i >= 0; i-- {
+		if out[i].Blocked == nil {
+			return slices.Delete(out, i, i+1)
+		}
+	}
+	return out[:len(out)-1]
+}
+
+// ShortError cuts an error message to MaxBlockedError bytes for a BlockedRecord.
+func ShortError(s string) string {
+	if len(s) <= MaxBlockedError {
+		return s
+	}
+	return shorten(s, MaxBlockedError-len("…"))
 }
 
 // shorten cuts s to at most n bytes on a rune boundary and marks the cut with an ellipsis; with

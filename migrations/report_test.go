@@ -98,3 +98,39 @@ func TestEncodeWithinShortensAnOverlongError(t *testing.T) {
 		t.Fatalf("encoded %d bytes with error ending %q; want within the limit, cut on a rune boundary", len(b), back.Error[len(back.Error)-8:])
 	}
 }
+
+func TestEncodeWithinKeepsTheConsumersWithABlockedRecord(t *testing.T) {
+	r := migrations.Report{SchemaVersion: 6, ClaimProtocol: "insert-first-v1", EngineVersion: "v0.1.0"}
+	since := time.Unix(1_800_000_000, 0).UTC()
+	for i := range 60 {
+		c := migrations.LiveConsumer{InstanceID: fmt.Sprintf("orders-consumer-7d9f8c6b5-%05d", i), ConsumerGroup: "orders",
+			EngineVersion: "v0.1.0", ClaimProtocol: "insert-first-v1", HeartbeatAt: since}
+		if i%20 == 19 {
+			c.Blocked = &migrations.BlockedRecord{Topic: "orders", Partition: int32(i), Offset: 42, Since: since,
+				Error: migrations.ShortError(strings.Repeat("ERROR: out of resources (SQLSTATE 53000) ", 20))}
+		}
+		r.LiveConsumers = append(r.LiveConsumers, c)
+	}
+
+	b, err := r.EncodeWithin(migrations.TerminationMessageLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back migrations.Report
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	var partitions []int32
+	for _, c := range back.LiveConsumers {
+		if c.Blocked != nil {
+			partitions = append(partitions, c.Blocked.Partition)
+			if len(c.Blocked.Error) > migrations.MaxBlockedError {
+				t.Fatalf("blocked error of %d bytes, over %d", len(c.Blocked.Error), migrations.MaxBlockedError)
+			}
+		}
+	}
+	if !back.LiveConsumersTruncated || len(back.LiveConsumers) == 60 || fmt.Sprint(partitions) != "[19 39 59]" {
+		t.Fatalf("truncated %v to %d consumers with blocked partitions %v; want every blocked one kept",
+			back.LiveConsumersTruncated, len(back.LiveConsumers), partitions)
+	}
+}

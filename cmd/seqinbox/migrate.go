@@ -167,10 +167,15 @@ func migrate(ctx context.Context, opts migrateOptions) (migrations.Report, error
 		return report, err
 	}
 	for _, c := range live {
-		report.LiveConsumers = append(report.LiveConsumers, migrations.LiveConsumer{
+		lc := migrations.LiveConsumer{
 			InstanceID: c.InstanceID, ConsumerGroup: c.ConsumerGroup, EngineVersion: c.EngineVersion,
 			ClaimProtocol: c.ClaimProtocol, HeartbeatAt: c.HeartbeatAt.UTC().Truncate(time.Second),
-		})
+		}
+		if b := c.Blocked; b != nil {
+			lc.Blocked = &migrations.BlockedRecord{Topic: b.Topic, Partition: b.Partition, Offset: b.Offset,
+				Since: b.Since.UTC().Truncate(time.Second), Error: migrations.ShortError(b.Error)}
+		}
+		report.LiveConsumers = append(report.LiveConsumers, lc)
 	}
 	return report, nil
 }
@@ -212,6 +217,11 @@ func writeMigrateText(w io.Writer, r migrations.Report) error {
 		printf("  INSTANCE\tGROUP\tENGINE\tCLAIM PROTOCOL\tLAST HEARTBEAT\n")
 		for _, c := range r.LiveConsumers {
 			printf("  %s\t%s\t%s\t%s\t%s\n", c.InstanceID, c.ConsumerGroup, c.EngineVersion, c.ClaimProtocol, c.HeartbeatAt.Format(time.RFC3339))
+		}
+		for _, c := range r.LiveConsumers {
+			if b := c.Blocked; b != nil {
+				printf("%s retries %s[%d] offset %d since %s: %s\n", c.InstanceID, b.Topic, b.Partition, b.Offset, b.Since.Format(time.RFC3339), b.Error)
+			}
 		}
 	}
 	_ = tw.Flush()

@@ -80,6 +80,7 @@ type Consumer struct {
 
 	registry      *prometheus.Registry
 	metrics       *metrics
+	blocked       *blockage
 	engineMetrics *inbox.Metrics
 	dlqMetrics    *deadletter.Metrics
 	// build is what this consumer speaks; group is its membership in the Kafka consumer group.
@@ -142,6 +143,7 @@ func New(cfg Config) (*Consumer, error) {
 		backlog:       newBacklog(cfg.maxBufferedBytes()),
 		registry:      prometheus.NewRegistry(),
 		metrics:       newMetrics(),
+		blocked:       newBlockage(cfg.Clock),
 		engineMetrics: inbox.NewMetrics(),
 		dlqMetrics:    deadletter.NewMetrics(),
 		fenceReason:   "starting: schema check and version fence not done yet",
@@ -167,7 +169,7 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	c.work, c.kill = context.WithCancel(context.Background())
 	c.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		version.BuildInfo(c.build.engineVersion, c.build.claimProtocol))
+		version.BuildInfo(c.build.engineVersion, c.build.claimProtocol), c.blocked)
 	for _, cs := range [][]prometheus.Collector{c.metrics.collectors(), c.engineMetrics.Collectors(), sinkMetrics.Collectors(), c.dlqMetrics.Collectors(), c.group.collectors(), c.backlog.collectors()} {
 		c.registry.MustRegister(cs...)
 	}
@@ -234,6 +236,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	fenceCfg := c.cfg.Fence
 	fenceCfg.Clock = c.clock
 	fenceCfg.Log = c.log.WithName("fence")
+	fenceCfg.Blocked = c.blocked.longest
 	f, err := fence.New(maintenance, fence.Identity{
 		InstanceID: c.cfg.InstanceID, ConsumerGroup: spec.Kafka.ConsumerGroup,
 		EngineVersion: c.build.engineVersion, ClaimProtocol: c.build.claimProtocol, Inbox: manifest.InboxName(c.cfg.Inbox),

@@ -171,6 +171,7 @@ func (p *processor) handle(w *worker, r *kgo.Record, rec inbox.Record, err error
 		}
 		return p.deadLetterRecord(w, r, rec, class, cause, ev)
 	}
+	defer c.blocked.ended(r)
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 && !w.wait(backoff(attempt-1)) {
 			return false
@@ -189,6 +190,7 @@ func (p *processor) handle(w *worker, r *kgo.Record, rec inbox.Record, err error
 				return p.deadLetterRecord(w, r, rec, reason, cause, ev)
 			}
 			c.metrics.retries.WithLabelValues("infrastructure").Inc()
+			c.blocked.retrying(r, err)
 			c.log.Error(err, "processing failed; retrying the record", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "attempt", attempt+1)
 			continue
 		}

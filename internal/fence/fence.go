@@ -81,6 +81,20 @@ type Consumer struct {
 	StartedAt time.Time
 	// HeartbeatAt is the consumer's last heartbeat, by the database clock.
 	HeartbeatAt time.Time
+	// Blocked is the record the consumer retried longest at its last heartbeat; nil when none.
+	Blocked *Blocked
+}
+
+// Blocked is a record a consumer retries after infrastructure errors, as its heartbeat writes it
+// to the registry: the operator reads it for the inbox's Degraded condition.
+type Blocked struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	// Since is the record's first failed attempt (by the database clock once read from the registry).
+	Since time.Time
+	// Error is the last attempt's error.
+	Error string
 }
 
 // String names the consumer for a person: instance, group, protocol and version.
@@ -114,6 +128,9 @@ type Config struct {
 	LivenessWindow time.Duration
 	// Log receives heartbeat failures and readiness changes; default discards.
 	Log logr.Logger
+	// Blocked, when set, tells every heartbeat the consumer's record retried longest (nil: none),
+	// which it writes to the registry row.
+	Blocked func() *Blocked
 }
 
 // Fence registers one consumer, keeps its heartbeat and decides whether it may process.
@@ -124,6 +141,7 @@ type Fence struct {
 	interval time.Duration
 	window   time.Duration
 	log      logr.Logger
+	blocked  func() *Blocked
 }
 
 // New returns the fence of the consumer id on the database behind pool.
@@ -131,7 +149,7 @@ func New(pool *pgxpool.Pool, id Identity, cfg Config) (*Fence, error) {
 	if id.InstanceID == "" || id.ConsumerGroup == "" || id.ClaimProtocol == "" || id.EngineVersion == "" {
 		return nil, fmt.Errorf("fence: identity %+v: instance ID, consumer group, engine version and claim protocol are required", id)
 	}
-	f := &Fence{pool: pool, id: id, clock: cfg.Clock, interval: cfg.HeartbeatInterval, window: cfg.LivenessWindow, log: cfg.Log}
+	f := &Fence{pool: pool, id: id, clock: cfg.Clock, interval: cfg.HeartbeatInterval, window: cfg.LivenessWindow, log: cfg.Log, blocked: cfg.Blocked}
 	if f.clock == nil {
 		f.clock = WallClock{}
 	}
@@ -163,7 +181,8 @@ INSERT INTO consumer_registry (instance_id, consumer_group, engine_version, clai
 VALUES ($1, $2, $3, $4, now(), now())
 ON CONFLICT (instance_id) DO UPDATE SET
   consumer_group = excluded.consumer_group, engine_version = excluded.engine_version,
-  claim_protocol = excluded.claim_protocol, started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at`
+  claim_protocol = excluded.claim_protocol, started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,
+  blocked_topic = NULL, blocked_partition = NULL, blocked_offset = NULL, blocked_since = NULL, blocked_error = NULL`
 
 // Register records this consumer as live. It commits before it returns, which is what makes the
 // fence safe: of two consumers that register and then call Conflicts, the later one always sees
@@ -177,12 +196,32 @@ func (f *Fence) Register(ctx context.Context) error {
 	return nil
 }
 
-// heartbeatSQL refreshes this consumer's heartbeat; 0 rows means its row is gone.
-const heartbeatSQL = `UPDATE consumer_registry SET heartbeat_at = now() WHERE instance_id = $1`
+// heartbeatSQL refreshes this consumer's heartbeat and its blocked record (all NULL when none;
+// the record's age $6 in microseconds makes its start a time of the database clock); 0 rows means
+// its row is gone.
+const heartbeatSQL = `
+UPDATE consumer_registry SET heartbeat_at = now(),
+  blocked_topic = $2, blocked_partition = $3, blocked_offset = $4, blocked_error = $5,
+  blocked_since = now() - $6 * interval '1 microsecond'
+WHERE instance_id = $1`
 
-// Heartbeat refreshes this consumer's heartbeat, registering it again if its row was deleted.
+// Heartbeat refreshes this consumer's heartbeat and blocked record, registering it again if its
+// row was deleted.
 func (f *Fence) Heartbeat(ctx context.Context) error {
-	tag, err := f.pool.Exec(ctx, heartbeatSQL, f.id.InstanceID)
+	var b *Blocked
+	if f.blocked != nil {
+		b = f.blocked()
+	}
+	var (
+		topic, message   *string
+		partition        *int32
+		offset, ageMicro *int64
+	)
+	if b != nil {
+		age := max(f.clock.Now().Sub(b.Since), 0).Microseconds()
+		topic, partition, offset, message, ageMicro = &b.Topic, &b.Partition, &b.Offset, &b.Error, &age
+	}
+	tag, err := f.pool.Exec(ctx, heartbeatSQL, f.id.InstanceID, topic, partition, offset, message, ageMicro)
 	if err != nil {
 		return fmt.Errorf("heartbeat consumer %s: %w", f.id.InstanceID, err)
 	}
@@ -222,22 +261,32 @@ func (f *Fence) Conflicts(ctx context.Context) ([]Consumer, error) {
 	return cs, nil
 }
 
-// liveSQL lists every live consumer.
-const liveSQL = `
-SELECT instance_id, consumer_group, engine_version, claim_protocol, started_at, heartbeat_at
+// liveSQL lists every live consumer with its blocked record; liveSQLBeforeBlocked is the same
+// for a schema that predates the blocked record's columns (a dry run before the migration).
+const (
+	liveSQL = `
+SELECT instance_id, consumer_group, engine_version, claim_protocol, started_at, heartbeat_at,
+  blocked_topic, blocked_partition, blocked_offset, blocked_since, blocked_error
 FROM consumer_registry
 WHERE heartbeat_at > now() - $1 * interval '1 microsecond'
 ORDER BY consumer_group, instance_id`
+	liveSQLBeforeBlocked = `
+SELECT instance_id, consumer_group, engine_version, claim_protocol, started_at, heartbeat_at,
+  NULL, NULL::integer, NULL::bigint, NULL::timestamptz, NULL
+FROM consumer_registry
+WHERE heartbeat_at > now() - $1 * interval '1 microsecond'
+ORDER BY consumer_group, instance_id`
+)
 
 // LiveConsumers returns the consumers of every group whose heartbeat is younger than liveWithin,
-// ordered by group and instance; the migrate command reports them. A database whose schema
-// predates the registry has none. Do not call it inside a transaction: the missing table is
-// detected by its error.
+// ordered by group and instance, with their blocked records; the migrate command reports them. A
+// database whose schema predates the registry has none, one that predates the blocked records
+// lists none. Do not call it inside a transaction: missing tables and columns are detected by
+// their errors.
 func LiveConsumers(ctx context.Context, db migrations.Querier, liveWithin time.Duration) ([]Consumer, error) {
-	var cs []Consumer
-	rows, err := db.Query(ctx, liveSQL, liveWithin.Microseconds())
-	if err == nil {
-		cs, err = pgx.CollectRows(rows, scanConsumer)
+	cs, err := queryLive(ctx, db, liveSQL, liveWithin)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == sqlstateUndefinedColumn {
+		cs, err = queryLive(ctx, db, liveSQLBeforeBlocked, liveWithin)
 	}
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == sqlstateUndefinedTable {
 		return nil, nil
@@ -248,8 +297,33 @@ func LiveConsumers(ctx context.Context, db migrations.Querier, liveWithin time.D
 	return cs, nil
 }
 
-// sqlstateUndefinedTable is PostgreSQL's undefined_table error code.
-const sqlstateUndefinedTable = "42P01"
+func queryLive(ctx context.Context, db migrations.Querier, query string, liveWithin time.Duration) ([]Consumer, error) {
+	rows, err := db.Query(ctx, query, liveWithin.Microseconds())
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Consumer, error) {
+		var c Consumer
+		var b struct {
+			topic, message *string
+			partition      *int32
+			offset         *int64
+			since          *time.Time
+		}
+		err := row.Scan(&c.InstanceID, &c.ConsumerGroup, &c.EngineVersion, &c.ClaimProtocol, &c.StartedAt, &c.HeartbeatAt,
+			&b.topic, &b.partition, &b.offset, &b.since, &b.message)
+		if err == nil && b.topic != nil && b.partition != nil && b.offset != nil && b.since != nil && b.message != nil {
+			c.Blocked = &Blocked{Topic: *b.topic, Partition: *b.partition, Offset: *b.offset, Since: *b.since, Error: *b.message}
+		}
+		return c, err
+	})
+}
+
+// PostgreSQL's undefined_table and undefined_column error codes.
+const (
+	sqlstateUndefinedTable  = "42P01"
+	sqlstateUndefinedColumn = "42703"
+)
 
 func scanConsumer(row pgx.CollectableRow) (Consumer, error) {
 	var c Consumer
