@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -94,23 +95,31 @@ type benchVariant struct {
 	name string
 	set  func() *sequence.Set
 	rec  func(run string, worker, i int) Record
+	// batch > 1 hands each worker that many consecutive messages at once (ProcessBatch), as a
+	// partition's queue holds several records.
+	batch int
+}
+
+// steadyRecord is a message of the steady variants.
+func steadyRecord(run string, w, i int) Record {
+	return benchRecord("A", fmt.Sprintf("%s-%d", run, i), fmt.Sprintf("%s-w%d-%d", run, w, i/(10*int(benchWorkers.Load()))))
 }
 
 var benchVariants = []benchVariant{
 	// Each worker sends A messages to its own contexts, about ten to each; B never comes, so no
 	// message completes its instance: the steady state of two commits per message, plus the
 	// instance creation for one message in ten.
-	{"steady", twoTypeSet, func(run string, w, i int) Record {
-		return benchRecord("A", fmt.Sprintf("%s-%d", run, i), fmt.Sprintf("%s-w%d-%d", run, w, i/(10*int(benchWorkers.Load()))))
-	}},
+	{name: "steady", set: twoTypeSet, rec: steadyRecord},
+	// steady, 16 consecutive messages per ProcessBatch call.
+	{name: "steady-batch16", set: twoTypeSet, rec: steadyRecord, batch: 16},
 	// A then B on a new context per pair: the instance is created by A and closed by B.
-	{"pairs", twoTypeSet, func(run string, _, i int) Record {
+	{name: "pairs", set: twoTypeSet, rec: func(run string, _, i int) Record {
 		typ := [2]string{"A", "B"}[i%2]
 		return benchRecord(typ, fmt.Sprintf("%s-%d", run, i), fmt.Sprintf("%s-p%d", run, i/2))
 	}},
 	// One message per new context, which it completes: instance, claim, state, close.
-	{"single", func() *sequence.Set { return sequence.NewSet([]*sequence.Sequence{seqOf("bench1", mt("S", "", nil))}) },
-		func(run string, _, i int) Record {
+	{name: "single", set: func() *sequence.Set { return sequence.NewSet([]*sequence.Sequence{seqOf("bench1", mt("S", "", nil))}) },
+		rec: func(run string, _, i int) Record {
 			return benchRecord("S", fmt.Sprintf("%s-%d", run, i), fmt.Sprintf("%s-s%d", run, i))
 		}},
 }
@@ -153,22 +162,47 @@ func BenchmarkThroughput(b *testing.B) {
 				run := fmt.Sprintf("r%d-%d", benchRun.Add(1), time.Now().UnixNano())
 				ctx := context.Background()
 
-				// Engine and ceiling alternate in ten chunks each, so that load from other
-				// processes on the machine weighs on both alike.
+				// Engine and ceiling alternate in about ten chunks each, so that load from other
+				// processes on the machine weighs on both alike. A chunk is a whole number of
+				// rounds of batches on all workers, so that no worker idles behind a last batch.
 				var engine, ceiling time.Duration
 				latencies := make([]time.Duration, b.N)
+				round := workers * max(v.batch, 1)
+				chunk := (max(b.N/10, 1) + round - 1) / round * round
 				b.ResetTimer()
-				for from, chunk := 0, max(b.N/10, 1); from < b.N; from += chunk {
+				for from := 0; from < b.N; from += chunk {
 					n := min(chunk, b.N-from)
-					d, err := runWorkers(workers, n, func(w, i int) error {
-						start := time.Now()
-						res, err := e.Process(ctx, v.rec(run, w, from+i))
-						latencies[from+i] = time.Since(start)
-						// A pair's B may overtake its A on another worker and wait for it.
-						if err == nil && res.Outcome != Delivered && res.Outcome != Buffered {
-							err = fmt.Errorf("message %d: %v", from+i, res.Outcome)
+					batch := max(v.batch, 1)
+					d, err := runWorkers(workers, (n+batch-1)/batch, func(w, j int) error {
+						first := from + j*batch
+						recs := make([]Record, 0, batch)
+						for i := first; i < min(first+batch, from+n); i++ {
+							recs = append(recs, v.rec(run, w, i))
 						}
-						return err
+						start := time.Now()
+						for done := 0; done < len(recs); {
+							var res []Result
+							var err error
+							if v.batch > 1 {
+								res, err = e.ProcessBatch(ctx, recs[done:])
+							} else {
+								var r Result
+								r, err = e.Process(ctx, recs[done])
+								res = []Result{r}
+							}
+							if err != nil {
+								return err
+							}
+							for _, r := range res {
+								latencies[first+done] = time.Since(start)
+								// A pair's B may overtake its A on another worker and wait for it.
+								if r.Outcome != Delivered && r.Outcome != Buffered {
+									return fmt.Errorf("message %d: %v", first+done, r.Outcome)
+								}
+								done++
+							}
+						}
+						return nil
 					})
 					if err != nil {
 						b.Fatal(err)
@@ -192,7 +226,7 @@ func BenchmarkThroughput(b *testing.B) {
 				b.ReportMetric(rate, "msgs/s")
 				b.ReportMetric(ceilingRate, "ceiling-commits/s")
 				b.ReportMetric(rate/(ceilingRate/2), "of-half-ceiling")
-				if v.name == "steady" {
+				if strings.HasPrefix(v.name, "steady") {
 					b.ReportMetric(float64(runWriters(b, pool, run))/float64(b.N), "writing-tx/msg")
 				}
 				reportLatency(b, latencies)
@@ -201,10 +235,22 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
-// BenchmarkDuplicateStorm delivers 1,000 logical messages (500 contexts × A, B) 8 times each,
-// the 8 copies of a message next to each other in the queue of 16 workers, so that they race.
-// One op is one storm; exactly 1,000 listener calls per storm.
+// BenchmarkDuplicateStorm delivers 1,000 logical messages (500 contexts × A, B) 8 times each to
+// 16 workers, so that the copies race. single: one record per Process call, the 8 copies of a
+// message next to each other in the queue. batch16: 16 records per ProcessBatch call, each group
+// of 16 messages 8 times in a row, every other time in the opposite order, so that 8 batches of
+// the same messages race. One op is one storm; exactly 1,000 listener calls per storm.
 func BenchmarkDuplicateStorm(b *testing.B) {
+	for _, batch := range []int{1, 16} {
+		name := "single"
+		if batch > 1 {
+			name = fmt.Sprintf("batch%d", batch)
+		}
+		b.Run(name, func(b *testing.B) { duplicateStorm(b, batch) })
+	}
+}
+
+func duplicateStorm(b *testing.B, batch int) {
 	const logical, copies, workers = 1000, 8, 16
 	pool := newPool(b, dbURL, 2*workers+1)
 	l := &noopListener{}
@@ -218,16 +264,35 @@ func BenchmarkDuplicateStorm(b *testing.B) {
 	for range b.N {
 		run := fmt.Sprintf("storm%d-%d", benchRun.Add(1), time.Now().UnixNano())
 		recs := make([]Record, 0, logical*copies)
-		for i := range logical {
-			rec := benchRecord([2]string{"A", "B"}[i%2], fmt.Sprintf("%s-%d", run, i), fmt.Sprintf("%s-c%d", run, i/2))
-			for range copies {
-				recs = append(recs, rec)
+		for first := 0; first < logical; first += batch {
+			group := make([]Record, 0, batch)
+			for i := first; i < min(first+batch, logical); i++ {
+				group = append(group, benchRecord([2]string{"A", "B"}[i%2], fmt.Sprintf("%s-%d", run, i), fmt.Sprintf("%s-c%d", run, i/2)))
+			}
+			for c := range copies {
+				for k := range group {
+					if c%2 == 1 {
+						k = len(group) - 1 - k
+					}
+					recs = append(recs, group[k])
+				}
 			}
 		}
 		before := l.calls.Load()
-		if _, err := runWorkers(workers, len(recs), func(_, i int) error {
-			_, err := e.Process(ctx, recs[i])
-			return err
+		if _, err := runWorkers(workers, (len(recs)+batch-1)/batch, func(_, j int) error {
+			chunk := recs[j*batch : min((j+1)*batch, len(recs))]
+			if batch == 1 {
+				_, err := e.Process(ctx, chunk[0])
+				return err
+			}
+			for len(chunk) > 0 {
+				res, err := e.ProcessBatch(ctx, chunk)
+				if err != nil {
+					return err
+				}
+				chunk = chunk[len(res):]
+			}
+			return nil
 		}); err != nil {
 			b.Fatal(err)
 		}

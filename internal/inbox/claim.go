@@ -371,16 +371,10 @@ SET sequence_instance_id = EXCLUDED.sequence_instance_id, key = EXCLUDED.key, va
 
 // bufferUnderClaim writes the WAITING row and the raw record inside T1.
 func bufferUnderClaim(ctx context.Context, conn *pgxpool.Conn, instanceID int64, existing storedMessage, msg Message) error {
-	r, o := msg.Record, msg.Record.Origin
-	headers, err := encodeHeaders(r.Headers)
+	r := msg.Record
+	args, sql, err := bufferArgs(instanceID, existing, msg)
 	if err != nil {
-		return fmt.Errorf("buffer %s/%s: %w", msg.QualifiedType, r.IdempotenceID, err)
-	}
-	args := []any{instanceID, msg.QualifiedType, r.IdempotenceID, o.MessageID, o.Topic, o.Partition, o.Offset,
-		traceContext(r.Headers), r.Key, r.Value, headers}
-	sql := bufferNewSQL
-	if existing.state == stateFailed {
-		sql, args = bufferFailedSQL, append(args, existing.id)
+		return err
 	}
 	tag, err := conn.Exec(ctx, sql, args...)
 	if err != nil {
@@ -390,6 +384,22 @@ func bufferUnderClaim(ctx context.Context, conn *pgxpool.Conn, instanceID int64,
 		return fmt.Errorf("buffer %s/%s: %w", msg.QualifiedType, r.IdempotenceID, errStateChanged)
 	}
 	return nil
+}
+
+// bufferArgs chooses the statement that buffers a message (bufferNewSQL, or bufferFailedSQL on
+// a FAILED row) and its arguments.
+func bufferArgs(instanceID int64, existing storedMessage, msg Message) ([]any, string, error) {
+	r, o := msg.Record, msg.Record.Origin
+	headers, err := encodeHeaders(r.Headers)
+	if err != nil {
+		return nil, "", fmt.Errorf("buffer %s/%s: %w", msg.QualifiedType, r.IdempotenceID, err)
+	}
+	args := []any{instanceID, msg.QualifiedType, r.IdempotenceID, o.MessageID, o.Topic, o.Partition, o.Offset,
+		traceContext(r.Headers), r.Key, r.Value, headers}
+	if existing.state == stateFailed {
+		return append(args, existing.id), bufferFailedSQL, nil
+	}
+	return args, bufferNewSQL, nil
 }
 
 // endClaimTx commits or rolls back T1 and, in the same round trip, reads the instance state that

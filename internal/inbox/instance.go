@@ -115,14 +115,17 @@ func (c *instanceCache) evict(k instanceKey) {
 // qualified types PROCESSED in it, and its WAITING messages in release order (by id), one row per
 // logical message: a historical duplicate of a WAITING or PROCESSED message is never released.
 const instanceStateSQL = `SELECT i.state = 'OPEN', p.types, w.ids, w.types
-FROM sequence_instance i,
+` + instanceStateFrom + `
+WHERE i.id = $1`
+
+// instanceStateFrom is the body of instanceStateSQL, shared with instancesStateSQL (batch.go).
+const instanceStateFrom = `FROM sequence_instance i,
   LATERAL (SELECT coalesce(array_agg(DISTINCT m.message_type), '{}') AS types
            FROM sequenced_message m WHERE m.sequence_instance_id = i.id AND m.state = 'PROCESSED') p,
   LATERAL (SELECT coalesce(array_agg(m.id ORDER BY m.id), '{}') AS ids,
                   coalesce(array_agg(m.message_type ORDER BY m.id), '{}') AS types
            FROM sequenced_message m WHERE m.sequence_instance_id = i.id AND m.state = 'WAITING'
-             AND ` + waitingStandsForItsMessage + `) w
-WHERE i.id = $1`
+             AND ` + waitingStandsForItsMessage + `) w`
 
 // instanceState is one read of instanceStateSQL. A missing instance (deleted by housekeeping)
 // reads as closed and empty.
@@ -153,15 +156,19 @@ func scanInstanceState(row pgx.Row) (instanceState, error) {
 	if err != nil {
 		return instanceState{}, err
 	}
-	st.processed = make(map[string]bool, len(processed))
+	return newInstanceState(st.open, processed, waitingIDs, waitingTypes), nil
+}
+
+// newInstanceState builds an instanceState from the columns of instanceStateSQL.
+func newInstanceState(open bool, processed []string, waitingIDs []int64, waitingTypes []string) instanceState {
+	st := instanceState{open: open, processed: make(map[string]bool, len(processed)), waiting: make([]waitingMessage, len(waitingIDs))}
 	for _, t := range processed {
 		st.processed[t] = true
 	}
-	st.waiting = make([]waitingMessage, len(waitingIDs))
 	for i := range waitingIDs {
 		st.waiting[i] = waitingMessage{id: waitingIDs[i], qualifiedType: waitingTypes[i]}
 	}
-	return st, nil
+	return st
 }
 
 // nextReleasable returns the oldest WAITING message whose release condition holds.

@@ -25,6 +25,16 @@ const legacyInsertStateSQL = `INSERT INTO sequenced_message
   (sequence_instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 
+// processBatchUnderProtocol has no batch claim in the legacy protocol: it processes the first
+// record on its own, a prefix of one, and the caller passes the rest again.
+func (e *Engine) processBatchUnderProtocol(ctx context.Context, recs []Record) ([]Result, error) {
+	if len(recs) == 0 {
+		return nil, errors.New("process batch: no records")
+	}
+	res, err := e.Process(ctx, recs[0])
+	return []Result{res}, err
+}
+
 // processUnderProtocol is check-then-insert: look the message up, deliver or buffer it when no
 // row exists, then store its state. Nothing is held between the check and the insert, so
 // concurrent duplicates are all delivered.

@@ -20,3 +20,9 @@ const ClaimProtocol = "insert-first-v1"
 func (e *Engine) processUnderProtocol(ctx context.Context, conn *pgxpool.Conn, instanceID int64, mt *sequence.MessageType, msg Message) (Result, instanceState, error) {
 	return e.claimAndProcess(ctx, conn, instanceID, mt, msg)
 }
+
+// processBatchUnderProtocol processes a batch by this build's claim protocol: one T1 for the
+// batch (processBatchInOneClaimTx).
+func (e *Engine) processBatchUnderProtocol(ctx context.Context, recs []Record) ([]Result, error) {
+	return e.processBatchInOneClaimTx(ctx, recs)
+}

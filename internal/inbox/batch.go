@@ -1,0 +1,704 @@
+package inbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/seqinbox/seqinbox/internal/sequence"
+)
+
+// A batch is several sequenced records processed as Process would process them one after the
+// other, under one claim transaction T1: one claim statement for all of them as T1's first
+// statement, the listener called for each in order while T1 holds the claims, the states of the
+// batch in one transaction committed before T1, one T1 commit. Two commits, one of them flushed,
+// serve the whole batch instead of two per record (see docs/performance.md).
+
+// claimBatchSQL is a batch's T1 first statement (SPEC §3.4, §9): one claim per record, inserted
+// in the order of the arrays, which the engine sorts by (message type, idempotence ID). Every
+// batch takes its claims in that one order, so two batches never wait for each other in a cycle.
+// Against an in-flight claim it waits inside PostgreSQL like a single claim; RETURNING names the
+// claims won and sets T1's lease for the batch.
+const claimBatchSQL = `INSERT INTO sequential_inbox_idempotence (message_type, idempotence_id, sequence_instance_id, created_at)
+SELECT c.message_type, c.idempotence_id, c.sequence_instance_id, now()
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS c(message_type, idempotence_id, sequence_instance_id)
+ON CONFLICT (message_type, idempotence_id) DO NOTHING
+RETURNING message_type, idempotence_id, set_config('idle_in_transaction_session_timeout', $4, true)`
+
+// lookupMessagesSQL is lookupMessageSQL for the claims of a batch: one row per stored logical
+// message, picked by the same rule. A statement of its own after the claim insert, for the same
+// reason.
+const lookupMessagesSQL = `SELECT DISTINCT ON (m.message_type, m.idempotence_id) m.message_type, m.idempotence_id, m.id, m.state
+FROM unnest($1::text[], $2::text[]) AS k(message_type, idempotence_id)
+JOIN sequenced_message m ON m.idempotence_id = k.idempotence_id AND m.message_type = k.message_type
+ORDER BY m.message_type, m.idempotence_id, CASE m.state WHEN 'PROCESSED' THEN 0 WHEN 'WAITING' THEN 1 ELSE 2 END, m.id DESC`
+
+// instancesStateSQL is instanceStateSQL for the instances of a batch.
+const instancesStateSQL = `SELECT i.id, i.state = 'OPEN', p.types, w.ids, w.types
+` + instanceStateFrom + `
+WHERE i.id = ANY($1::bigint[])`
+
+// insertStatesSQL is insertStateSQL for the messages of a batch that had no row, in one
+// statement. Its transaction commits without waiting for its WAL flush, as a single message's
+// does: the batch's T1 commits after it in every case (a failed message's claim is deleted inside
+// T1, not rolled back), and T1's flush covers the states.
+const insertStatesSQL = `WITH s AS (
+  SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::int8[], $8::text[],
+                       $9::text[], $10::bytea[], $11::bytea[], $12::text[])
+    AS s(instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context, key, value, headers)
+), m AS (
+  INSERT INTO sequenced_message
+    (sequence_instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context)
+  SELECT instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context FROM s
+  WHERE NOT EXISTS (SELECT 1 FROM sequenced_message d WHERE d.idempotence_id = s.idempotence_id AND d.message_type = s.message_type)
+  RETURNING id, sequence_instance_id, message_type, idempotence_id
+)
+INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
+SELECT m.sequence_instance_id, m.id, s.key, s.value, s.headers::jsonb
+FROM m JOIN s ON s.message_type = m.message_type AND s.idempotence_id = m.idempotence_id
+RETURNING set_config('synchronous_commit', 'off', true)`
+
+// unclaimSQL deletes, inside T1, the claims of the batch's messages whose listener failed and of
+// those the batch did not get to: they commit with T1 as if they had been rolled back, so that a
+// waiting duplicate or a resend takes over once T1 ends.
+const unclaimSQL = `DELETE FROM sequential_inbox_idempotence
+WHERE (message_type, idempotence_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`
+
+// deadlockDetected is SQLSTATE 40P01.
+const deadlockDetected = "40P01"
+
+// maxBatchAttempts bounds the retries of a batch's claim after a deadlock or after housekeeping
+// deleted one of its instances.
+const maxBatchAttempts = 5
+
+// errNotBatchable reports a record that ProcessBatch cannot take; Batchable says which can.
+var errNotBatchable = errors.New("record is not sequenced; process it on its own")
+
+// Batchable reports whether ProcessBatch takes the record: a sequenced record of a declared type
+// with context and idempotence ID. Everything else goes through Process.
+func (e *Engine) Batchable(rec Record) bool {
+	_, ok := e.set.Lookup(sequence.Qualify(rec.Type, rec.Subtype))
+	return ok && rec.Sequenced && rec.ContextID != "" && rec.IdempotenceID != ""
+}
+
+// ProcessBatch processes batchable records (see Batchable) as Process would process them one
+// after the other, in one claim transaction. Messages of one instance see each other's outcomes:
+// a successor released by an earlier record of the batch is delivered, not buffered.
+//
+// On success the results cover a prefix of recs, at least one record: the batch ends before a
+// record whose claim key repeats an earlier one (so that a copy behaves as it would after its
+// original), and before a listener call that would not fit in the batch's lease or the caller's
+// deadline. The caller passes the rest again. After an error no record of the batch may have its
+// offset committed; the results then still carry the buffered messages whose release failed,
+// which are FAILED already.
+func (e *Engine) ProcessBatch(ctx context.Context, recs []Record) ([]Result, error) {
+	return e.processBatchUnderProtocol(ctx, recs)
+}
+
+// processBatchInOneClaimTx is ProcessBatch under this build's claim protocol.
+func (e *Engine) processBatchInOneClaimTx(ctx context.Context, recs []Record) ([]Result, error) {
+	items, err := e.batchItems(recs)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("claim batch: acquire connection: %w", err)
+	}
+	defer conn.Release()
+	for attempt := 1; ; attempt++ {
+		for _, it := range items {
+			if it.instanceID, err = e.getOrCreateInstance(ctx, conn, it.mt.Sequence, it.msg.ContextID); err != nil {
+				return nil, err
+			}
+		}
+		b := &batchRun{e: e, conn: conn, items: items, recording: e.recording()}
+		err = b.claimAndProcess(ctx)
+		var pgErr *pgconn.PgError
+		retry := errors.Is(err, errInstanceGone) || (errors.As(err, &pgErr) && pgErr.Code == deadlockDetected)
+		if retry && attempt < maxBatchAttempts {
+			if errors.Is(err, errInstanceGone) {
+				for _, it := range items {
+					e.instances.evict(instanceKey{it.mt.Sequence.Name, it.msg.ContextID})
+				}
+			}
+			e.log.V(1).Info("batch claim retried", "attempt", attempt, "error", err.Error())
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return b.results, b.releaseAfterCommit(ctx)
+	}
+}
+
+// batchItem is a record of a batch and what T1 learnt and decided about it.
+type batchItem struct {
+	msg        Message
+	mt         *sequence.MessageType
+	instanceID int64
+	won        bool
+	existing   storedMessage
+	// write is the state to store for a message the listener was called for ("" for none).
+	write string
+}
+
+// batchItems checks the records and cuts the batch before the first repeated claim key.
+func (e *Engine) batchItems(recs []Record) ([]*batchItem, error) {
+	if len(recs) == 0 {
+		return nil, errors.New("process batch: no records")
+	}
+	seen := make(map[[2]string]bool, len(recs))
+	items := make([]*batchItem, 0, len(recs))
+	for i, rec := range recs {
+		qualified := sequence.Qualify(rec.Type, rec.Subtype)
+		if !e.Batchable(rec) {
+			return nil, fmt.Errorf("process batch: record %d (%s/%s): %w", i, qualified, rec.IdempotenceID, errNotBatchable)
+		}
+		key := [2]string{qualified, rec.IdempotenceID}
+		if seen[key] {
+			break
+		}
+		seen[key] = true
+		mt, _ := e.set.Lookup(qualified)
+		items = append(items, &batchItem{mt: mt, msg: Message{Sequence: mt.Sequence.Name, ContextID: rec.ContextID, QualifiedType: qualified, Record: rec}})
+	}
+	return items, nil
+}
+
+// batchRun is one attempt at a batch's T1 on conn.
+type batchRun struct {
+	e     *Engine
+	conn  *pgxpool.Conn
+	items []*batchItem
+	// done is how many items the batch got to; the others are passed again by the caller.
+	done int
+	// states are the instance states read in T1's first round trip, updated in memory by the
+	// batch's own deliveries; after are the ones read after T1's commit.
+	states, after map[int64]instanceState
+	// idleSince is when T1 went idle after the claim; the batch's lease runs from here.
+	idleSince time.Time
+	stateConn *pgxpool.Conn
+	results   []Result
+	// recording is the engine's recording mode when the batch began (SPEC §5).
+	recording bool
+}
+
+// batchLease is T1's idle timeout for a batch: a listener call starts within one listener
+// deadline of the claim and lasts at most another, then the margin covers the state write.
+func (e *Engine) batchLease() time.Duration { return 2*e.cfg.ListenerDeadline + e.cfg.LeaseMargin }
+
+// claimAndProcess is the batch's T1: claim all, deliver or buffer in order, store the states,
+// commit. It ends T1 on every path.
+func (b *batchRun) claimAndProcess(ctx context.Context) error {
+	if err := b.claim(ctx); err != nil {
+		endQuietly(b.conn, rollbackSQL)
+		return err
+	}
+	defer func() {
+		if b.stateConn != nil {
+			b.stateConn.Release()
+		}
+	}()
+	abandoned := b.deliverInOrder(ctx)
+	if err := b.storeStates(ctx); err != nil {
+		endQuietly(b.conn, rollbackSQL)
+		return err
+	}
+	if err := b.buffer(ctx); err != nil {
+		endQuietly(b.conn, rollbackSQL)
+		return err
+	}
+	if err := b.commit(ctx); err != nil {
+		return err
+	}
+	if abandoned != nil {
+		return abandoned
+	}
+	for _, it := range b.items[:b.done] {
+		if it.won {
+			b.e.metrics.claims.WithLabelValues("won").Inc()
+		} else {
+			b.e.metrics.claims.WithLabelValues("lost").Inc()
+		}
+	}
+	return nil
+}
+
+// claim begins T1 and runs, in one round trip, the claim insert of every record (first
+// statement), the lookup of their stored states and the read of their instances.
+func (b *batchRun) claim(ctx context.Context) error {
+	sorted := slices.Clone(b.items)
+	slices.SortFunc(sorted, func(x, y *batchItem) int {
+		return cmp.Or(cmp.Compare(x.msg.QualifiedType, y.msg.QualifiedType), cmp.Compare(x.msg.Record.IdempotenceID, y.msg.Record.IdempotenceID))
+	})
+	types, ids, instances := make([]string, len(sorted)), make([]string, len(sorted)), make([]int64, len(sorted))
+	for i, it := range sorted {
+		types[i], ids[i], instances[i] = it.msg.QualifiedType, it.msg.Record.IdempotenceID, it.instanceID
+	}
+	q := &pgx.Batch{}
+	q.Queue(beginReadCommittedSQL)
+	q.Queue(claimBatchSQL, types, ids, instances, millis(b.e.batchLease()))
+	q.Queue(lookupMessagesSQL, types, ids)
+	q.Queue(instancesStateSQL, b.instancesToEvaluate())
+	br := b.conn.SendBatch(ctx, q)
+	err := b.readClaim(br)
+	if closeErr := br.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == foreignKeyViolation {
+			return fmt.Errorf("claim batch of %d: %w", len(b.items), errInstanceGone)
+		}
+		return fmt.Errorf("claim batch of %d: %w", len(b.items), err)
+	}
+	b.idleSince = time.Now()
+	return nil
+}
+
+func (b *batchRun) readClaim(br pgx.BatchResults) error {
+	if _, err := br.Exec(); err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	byKey := make(map[[2]string]*batchItem, len(b.items))
+	for _, it := range b.items {
+		byKey[[2]string{it.msg.QualifiedType, it.msg.Record.IdempotenceID}] = it
+	}
+	var typ, id, lease string
+	rows, err := br.Query()
+	if err != nil {
+		return fmt.Errorf("insert claims: %w", err)
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&typ, &id, &lease}, func() error {
+		byKey[[2]string{typ, id}].won = true
+		return nil
+	}); err != nil {
+		return fmt.Errorf("insert claims: %w", err)
+	}
+	var stored storedMessage
+	if rows, err = br.Query(); err != nil {
+		return fmt.Errorf("look up stored messages: %w", err)
+	}
+	if _, err := pgx.ForEachRow(rows, []any{&typ, &id, &stored.id, &stored.state}, func() error {
+		byKey[[2]string{typ, id}].existing = stored
+		return nil
+	}); err != nil {
+		return fmt.Errorf("look up stored messages: %w", err)
+	}
+	b.states, err = readInstancesState(br)
+	return err
+}
+
+// readInstancesState reads the result of instancesStateSQL; a missing instance reads as closed
+// and empty, as in scanInstanceState.
+func readInstancesState(br pgx.BatchResults) (map[int64]instanceState, error) {
+	var (
+		instanceID   int64
+		open         bool
+		processed    []string
+		waitingIDs   []int64
+		waitingTypes []string
+	)
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("read instances: %w", err)
+	}
+	states := map[int64]instanceState{}
+	if _, err := pgx.ForEachRow(rows, []any{&instanceID, &open, &processed, &waitingIDs, &waitingTypes}, func() error {
+		states[instanceID] = newInstanceState(open, processed, waitingIDs, waitingTypes)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("read instances: %w", err)
+	}
+	return states, nil
+}
+
+// stateOf returns the state of an instance as the batch knows it.
+func (b *batchRun) stateOf(states map[int64]instanceState, instanceID int64) instanceState {
+	if st, ok := states[instanceID]; ok {
+		return st
+	}
+	return instanceState{processed: map[string]bool{}}
+}
+
+// instancesToEvaluate lists the instances whose processed types decide about a record of the
+// batch: those of records with a release condition, outside recording mode.
+func (b *batchRun) instancesToEvaluate() []int64 {
+	if b.recording {
+		return []int64{}
+	}
+	return distinctInstances(slices.DeleteFunc(slices.Clone(b.items), func(it *batchItem) bool { return it.mt.Condition == nil }))
+}
+
+// distinctInstances lists the instances of items once each.
+func distinctInstances(items []*batchItem) []int64 {
+	ids := make([]int64, 0, len(items))
+	for _, it := range items {
+		if !slices.Contains(ids, it.instanceID) {
+			ids = append(ids, it.instanceID)
+		}
+	}
+	return ids
+}
+
+// deliverInOrder decides about each record in order, as claimAndProcess does for one, and calls
+// the listener for those to deliver. A delivered message counts as PROCESSED for the records
+// after it. It stops before a listener call that would not fit in the lease or in ctx's
+// deadline, and when ctx ends during a listener call; the latter is returned, and the batch ends
+// before that record.
+func (b *batchRun) deliverInOrder(ctx context.Context) error {
+	for i, it := range b.items {
+		b.done = i
+		res := Result{Outcome: Duplicate}
+		st := b.stateOf(b.states, it.instanceID)
+		switch {
+		case !it.won, it.existing.settled():
+		case it.mt.Condition != nil && !b.recording && !it.mt.Condition.Holds(st.processed):
+			res.Outcome = Buffered
+		default:
+			if i > 0 && !b.fits(ctx) {
+				return nil
+			}
+			if err := b.acquireStateConn(ctx); err != nil {
+				return err
+			}
+			lctx, cancel := context.WithTimeout(ctx, b.e.cfg.ListenerDeadline)
+			listenerErr := b.e.invokeListener(lctx, it.msg)
+			cancel()
+			if listenerErr != nil && ctx.Err() != nil {
+				// The caller abandoned the batch: not the listener's failure.
+				return fmt.Errorf("claim batch: %s/%s: %w", it.msg.QualifiedType, it.msg.Record.IdempotenceID, ctx.Err())
+			}
+			if listenerErr != nil {
+				res, it.write = Result{Outcome: Failed, ListenerErr: listenerErr}, stateFailed
+				break
+			}
+			res.Outcome, it.write = Delivered, stateProcessed
+			st.processed[it.msg.QualifiedType] = true
+			b.states[it.instanceID] = st
+		}
+		b.results = append(b.results, res)
+	}
+	b.done = len(b.items)
+	return nil
+}
+
+// fits reports whether one more listener call, with its whole deadline, fits in the batch's
+// lease and before ctx's deadline. The state write and the commit after it ignore ctx's end
+// (the outcomes are known), as a single record's do.
+func (b *batchRun) fits(ctx context.Context) bool {
+	end := time.Now().Add(b.e.cfg.ListenerDeadline)
+	if end.After(b.idleSince.Add(2 * b.e.cfg.ListenerDeadline)) {
+		return false
+	}
+	deadline, ok := ctx.Deadline()
+	return !ok || !end.After(deadline)
+}
+
+// acquireStateConn takes the connection of the state transaction before the first listener
+// call, so that no pool wait lies between a listener's success and the state commit.
+func (b *batchRun) acquireStateConn(ctx context.Context) error {
+	if b.stateConn != nil {
+		return nil
+	}
+	c, err := b.e.acquire(ctx, b.e.pool)
+	if err != nil {
+		return fmt.Errorf("claim batch: acquire state connection: %w", err)
+	}
+	b.stateConn = c
+	return nil
+}
+
+// leaseEnd is when the batch's claims expire on the server.
+func (b *batchRun) leaseEnd() time.Time { return b.idleSince.Add(b.e.batchLease()) }
+
+// storeStates writes the states of the messages the listener was called for in one transaction
+// that commits before T1 (storeBatchStatesInNewTx). Like a single message's state it ignores the
+// caller's cancellation (the outcomes are known) and is tried again on a new connection while the
+// lease holds the claims.
+func (b *batchRun) storeStates(ctx context.Context) error {
+	var writes []*batchItem
+	for _, it := range b.items[:b.done] {
+		if it.write != "" {
+			writes = append(writes, it)
+		}
+	}
+	if len(writes) == 0 {
+		return nil
+	}
+	wctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), b.leaseEnd())
+	defer cancel()
+	complete, err := storeBatchStatesInNewTx(wctx, b.stateConn, writes)
+	for backoff := stateWriteBackoff; err != nil && retryableStateWrite(err); backoff *= 2 {
+		b.e.log.Info("batch state write failed; retrying on a new connection within the claims' lease",
+			"messages", len(writes), "error", err.Error())
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("claim batch: store states: %w (lease ended: %w)", err, wctx.Err())
+		case <-time.After(backoff):
+		}
+		complete, err = b.e.storeBatchStatesOnNewConn(wctx, writes)
+	}
+	if err != nil {
+		return fmt.Errorf("claim batch: store states: %w", err)
+	}
+	if !complete {
+		return fmt.Errorf("claim batch: store states: %w", errStateChanged)
+	}
+	return nil
+}
+
+// storeBatchStatesInNewTx writes the states of a batch in one transaction, in one round trip:
+// new rows in one statement, redelivered FAILED rows each on their own. It reports false when a
+// message was recorded by someone else meanwhile.
+func storeBatchStatesInNewTx(ctx context.Context, conn *pgxpool.Conn, writes []*batchItem) (bool, error) {
+	var (
+		cols    insertStatesColumns
+		updates []*batchItem
+		q       = &pgx.Batch{}
+	)
+	for _, it := range writes {
+		if it.existing.state == stateFailed {
+			updates = append(updates, it)
+			continue
+		}
+		if err := cols.add(it); err != nil {
+			return false, err
+		}
+	}
+	q.Queue(beginReadCommittedSQL)
+	if len(cols.instanceIDs) > 0 {
+		q.Queue(insertStatesSQL, cols.args()...)
+	}
+	for _, it := range updates {
+		r, o := it.msg.Record, it.msg.Record.Origin
+		headers, err := encodeHeaders(r.Headers)
+		if err != nil {
+			return false, err
+		}
+		q.Queue(updateFailedStateSQL, it.existing.id, it.write, it.instanceID,
+			o.MessageID, o.Topic, o.Partition, o.Offset, traceContext(r.Headers), r.Key, r.Value, headers)
+	}
+	q.Queue(commitSQL)
+	br := conn.SendBatch(ctx, q)
+	stored, err := func() (int64, error) {
+		var n int64
+		for range q.Len() {
+			tag, err := br.Exec()
+			if err != nil {
+				return n, err
+			}
+			if tag.String() == "ROLLBACK" {
+				return n, errors.New("commit: transaction was rolled back")
+			}
+			if tag.Insert() || tag.Update() {
+				n += tag.RowsAffected()
+			}
+		}
+		return n, nil
+	}()
+	if closeErr := br.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil {
+		return false, err
+	}
+	return stored == int64(len(writes)), nil
+}
+
+// storeBatchStatesOnNewConn is one retry of storeStates. Rows an earlier attempt wrote before its
+// answer was lost are not written again; the batch is stored when every message is found in the
+// state it was to get.
+func (e *Engine) storeBatchStatesOnNewConn(ctx context.Context, writes []*batchItem) (bool, error) {
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return false, fmt.Errorf("acquire state connection: %w", err)
+	}
+	defer conn.Release()
+	stored, err := storeBatchStatesInNewTx(ctx, conn, writes)
+	if err != nil || stored {
+		return stored, err
+	}
+	types, ids := make([]string, len(writes)), make([]string, len(writes))
+	for i, it := range writes {
+		types[i], ids[i] = it.msg.QualifiedType, it.msg.Record.IdempotenceID
+	}
+	rows, err := conn.Query(ctx, lookupMessagesSQL, types, ids)
+	if err != nil {
+		return false, fmt.Errorf("look up states after a retried write: %w", err)
+	}
+	now := map[[2]string]string{}
+	var typ, id, state string
+	var rowID int64
+	if _, err := pgx.ForEachRow(rows, []any{&typ, &id, &rowID, &state}, func() error {
+		now[[2]string{typ, id}] = state
+		return nil
+	}); err != nil {
+		return false, fmt.Errorf("look up states after a retried write: %w", err)
+	}
+	for _, it := range writes {
+		if now[[2]string{it.msg.QualifiedType, it.msg.Record.IdempotenceID}] != it.write {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// insertStatesColumns are the arrays of insertStatesSQL.
+type insertStatesColumns struct {
+	instanceIDs                                 []int64
+	types, ids, messageIDs, topics, states, hdr []string
+	partitions                                  []int32
+	offsets                                     []int64
+	traces                                      []*string
+	keys, values                                [][]byte
+}
+
+func (c *insertStatesColumns) add(it *batchItem) error {
+	r, o := it.msg.Record, it.msg.Record.Origin
+	headers, err := encodeHeaders(r.Headers)
+	if err != nil {
+		return fmt.Errorf("%s/%s: %w", it.msg.QualifiedType, r.IdempotenceID, err)
+	}
+	c.instanceIDs = append(c.instanceIDs, it.instanceID)
+	c.types = append(c.types, it.msg.QualifiedType)
+	c.ids = append(c.ids, r.IdempotenceID)
+	c.messageIDs = append(c.messageIDs, o.MessageID)
+	c.topics = append(c.topics, o.Topic)
+	c.partitions = append(c.partitions, o.Partition)
+	c.offsets = append(c.offsets, o.Offset)
+	c.states = append(c.states, it.write)
+	c.traces = append(c.traces, traceContext(r.Headers))
+	c.keys = append(c.keys, r.Key)
+	c.values = append(c.values, r.Value)
+	c.hdr = append(c.hdr, string(headers))
+	return nil
+}
+
+func (c *insertStatesColumns) args() []any {
+	return []any{c.instanceIDs, c.types, c.ids, c.messageIDs, c.topics, c.partitions, c.offsets, c.states,
+		c.traces, c.keys, c.values, c.hdr}
+}
+
+// buffer writes, inside T1, the WAITING rows of the batch's messages whose condition did not
+// hold, in one round trip, each with bufferUnderClaim's statement.
+func (b *batchRun) buffer(ctx context.Context) error {
+	q := &pgx.Batch{}
+	var buffered []*batchItem
+	for i, it := range b.items[:b.done] {
+		if b.results[i].Outcome != Buffered {
+			continue
+		}
+		args, sql, err := bufferArgs(it.instanceID, it.existing, it.msg)
+		if err != nil {
+			return err
+		}
+		q.Queue(sql, args...)
+		buffered = append(buffered, it)
+	}
+	if len(buffered) == 0 {
+		return nil
+	}
+	br := b.conn.SendBatch(ctx, q)
+	err := func() error {
+		for _, it := range buffered {
+			tag, err := br.Exec()
+			if err != nil {
+				return fmt.Errorf("buffer %s/%s: %w", it.msg.QualifiedType, it.msg.Record.IdempotenceID, err)
+			}
+			if tag.RowsAffected() != 1 {
+				return fmt.Errorf("buffer %s/%s: %w", it.msg.QualifiedType, it.msg.Record.IdempotenceID, errStateChanged)
+			}
+		}
+		return nil
+	}()
+	if closeErr := br.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil {
+		return err
+	}
+	for _, it := range buffered {
+		b.e.metrics.buffered.WithLabelValues(it.msg.Sequence, it.msg.QualifiedType).Inc()
+	}
+	return nil
+}
+
+// commit deletes the claims of failed messages and of the records the batch did not get to,
+// commits T1 and reads the instances of the batch after the commit, in one round trip. Like the
+// state write it ignores the caller's cancellation while the lease holds.
+func (b *batchRun) commit(ctx context.Context) error {
+	var types, ids []string
+	for i, it := range b.items {
+		if it.won && (i >= b.done || it.write == stateFailed) {
+			types, ids = append(types, it.msg.QualifiedType), append(ids, it.msg.Record.IdempotenceID)
+		}
+	}
+	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), b.leaseEnd())
+	defer cancel()
+	q := &pgx.Batch{}
+	if len(types) > 0 {
+		q.Queue(unclaimSQL, types, ids)
+	}
+	q.Queue(commitSQL)
+	q.Queue(instancesStateSQL, distinctInstances(b.items[:b.done]))
+	br := b.conn.SendBatch(cctx, q)
+	err := func() error {
+		if len(types) > 0 {
+			if _, err := br.Exec(); err != nil {
+				return fmt.Errorf("delete claims: %w", err)
+			}
+		}
+		tag, err := br.Exec()
+		if err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+		if tag.String() != commitSQL {
+			return fmt.Errorf("commit: transaction was rolled back (%s)", tag)
+		}
+		b.after, err = readInstancesState(br)
+		return err
+	}()
+	if closeErr := br.Close(); err == nil {
+		err = closeErr
+	}
+	if err != nil {
+		endQuietly(b.conn, rollbackSQL)
+		return fmt.Errorf("claim batch: %w", err)
+	}
+	return nil
+}
+
+// releaseAfterCommit runs T2 for every instance of the batch that needs it after T1's commit
+// (Engine.Process does the same for one record); the releases go to the result of the
+// instance's last record in the batch.
+func (b *batchRun) releaseAfterCommit(ctx context.Context) error {
+	last := map[int64]int{}
+	for i, it := range b.items[:b.done] {
+		last[it.instanceID] = i
+	}
+	for i, it := range b.items[:b.done] {
+		if last[it.instanceID] != i {
+			continue
+		}
+		if !b.stateOf(b.after, it.instanceID).needsRelease(it.mt.Sequence) {
+			b.e.metrics.releases.WithLabelValues("skipped").Inc()
+			continue
+		}
+		b.e.metrics.releases.WithLabelValues("run").Inc()
+		released, failures, err := b.e.releaseUnderInstanceLock(ctx, b.conn, it.instanceID, it.mt.Sequence)
+		b.results[i].Released, b.results[i].ReleaseFailures = released, failures
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
