@@ -199,3 +199,53 @@ func TestFinishedRecordsBehindAnUnfinishedOneAreGivenUp(t *testing.T) {
 	s.releaseHangs()
 	waitUntil(t, "the hung record is processed", func() bool { return r.events.count("") == n+1 })
 }
+
+// TestAPartitionStuckAtTheBoundDoesNotStopTheOthers: partition 0 holds the consumer's whole bound
+// behind a hung call. Partition 1 pauses too when its records arrive, but fetches again as soon
+// as they are finished, so that its later records are delivered while the call still hangs.
+func TestAPartitionStuckAtTheBoundDoesNotStopTheOthers(t *testing.T) {
+	database(t)
+	seeds := cluster(t, 2)
+	const bound, size, n = 2 << 20, 256 << 10, 16
+	s := newSink(t, func(id string, _ int) int {
+		if id == "stuck-hung" {
+			return 0
+		}
+		return 200
+	})
+	in := testInbox(t, seeds, "g-memory-stuck", s.srv.URL, sinkOpts{timeout: 100 * time.Second})
+	in.Spec.Kafka.MaxPollIntervalMs = 120000
+	in.Spec.Kafka.MaxBufferedBytes = resource.NewQuantity(bound, resource.BinarySI)
+	r := startConsumer(t, in, "memory-stuck-1")
+	r.waitReady(t)
+
+	produce(t, seeds, largeOrder("stuck-hung", "stuck-o-hung", "stuck", 100))
+	waitUntil(t, "the sink holds the first call", func() bool { return s.hanging("stuck-hung") })
+	for i := range n {
+		produce(t, seeds, largeOrder(fmt.Sprintf("stuck-%d", i), fmt.Sprintf("stuck-o%d", i), "stuck", size))
+	}
+	waitUntil(t, "partition 0 holds more than the bound", r.c.backlog.over)
+	for round := range 3 {
+		var ids []string
+		for i := range 4 {
+			id := fmt.Sprintf("free-%d-%d", round, i)
+			rec := event(1, "OrderCreated", id, fmt.Sprintf("free-o%d-%d", round, i))
+			ids = append(ids, id)
+			produce(t, seeds, rec)
+		}
+		waitUntil(t, fmt.Sprintf("round %d of partition 1 is delivered while partition 0 waits", round), func() bool {
+			accepted := s.accepted()
+			for _, id := range ids {
+				if accepted[id] != 1 {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	if !s.hanging("stuck-hung") || !r.c.backlog.over() {
+		t.Errorf("partition 0 no longer holds the bound behind its hung call; the test shows nothing")
+	}
+	s.releaseHangs()
+	waitUntil(t, "every record is processed", func() bool { return r.events.count("") == n+1+3*4 })
+}
