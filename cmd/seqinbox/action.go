@@ -30,6 +30,9 @@ type actionRequest struct {
 	wait time.Duration
 	// awaitOnly skips recording: the request was recorded by an earlier run.
 	awaitOnly bool
+	// inbox (namespace/name), when set, is the inbox the action is for: tables another inbox owns
+	// are refused.
+	inbox string
 }
 
 // target names what the action is on, for the report.
@@ -95,6 +98,10 @@ In Kubernetes, create a SequentialInboxAction instead: the operator runs this co
 			if err := requireDatabaseURL(cmd, &databaseURL); err != nil {
 				return err
 			}
+			fromEnv(cmd, "inbox", envInbox, &req.inbox)
+			if req.inbox != "" && !validInboxName(req.inbox) {
+				return usageErrorf("--inbox %q: must be namespace/name of a SequentialInbox", req.inbox)
+			}
 			if err := req.validate(); err != nil {
 				return usageError{err}
 			}
@@ -112,6 +119,7 @@ In Kubernetes, create a SequentialInboxAction instead: the operator runs this co
 	cmd.Flags().StringVar(&req.contextID, "context-id", "", "context ID of the instance (ConsumeAll, Close)")
 	cmd.Flags().StringVar(&req.requestID, "request-id", "", "id of the request, so that its execution can be awaited (the operator passes the SequentialInboxAction's UID)")
 	cmd.Flags().DurationVar(&req.wait, "wait", 0, "after recording, wait this long for a consumer to execute the action and report its outcome")
+	cmd.Flags().StringVar(&req.inbox, "inbox", "", "namespace/name of the SequentialInbox the action is for; refused when another inbox owns the tables (env "+envInbox+")")
 	cmd.Flags().BoolVar(&req.awaitOnly, "await-only", false, "do not record: only await the outcome of the request recorded earlier with --request-id")
 	addOutputFlag(cmd, &output)
 	cmd.Flags().StringVar(&terminationPath, "termination-message-path", "", "also write the JSON report here, within 4 KiB (Kubernetes termination message)")
@@ -151,6 +159,23 @@ func recordAndReport(ctx context.Context, databaseURL string, req actionRequest,
 	return runErr
 }
 
+// refuseOthersTables returns the *migrations.OwnedError of tables that another inbox than the
+// action's owns: its consumers would execute an action meant for another inbox. Unowned tables
+// are not claimed here; the migration and the consumers do that.
+func refuseOthersTables(ctx context.Context, conn *pgx.Conn, inbox string) error {
+	if inbox == "" {
+		return nil
+	}
+	owner, claimedAt, found, err := migrations.Owner(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if found && owner != inbox {
+		return &migrations.OwnedError{Inbox: inbox, Owner: owner, ClaimedAt: claimedAt}
+	}
+	return nil
+}
+
 // actionPollInterval is how often an awaited action's outcome is read.
 const actionPollInterval = time.Second
 
@@ -165,6 +190,9 @@ func recordAction(ctx context.Context, databaseURL string, req actionRequest, re
 	if v, err := fence.CheckSchema(ctx, conn); errors.Is(err, fence.ErrSchemaOlder) {
 		return fmt.Errorf("database schema version %d is older than version %d this build needs: run `seqinbox migrate` first", v, migrations.Latest())
 	} else if err != nil {
+		return err
+	}
+	if err := refuseOthersTables(ctx, conn, req.inbox); err != nil {
 		return err
 	}
 	if !req.awaitOnly {

@@ -106,6 +106,35 @@ func TestActionCommandRecordsEachActionOnItsTargetOnly(t *testing.T) {
 	}
 }
 
+// TestActionCommandRefusesTablesOfAnotherInbox: the operator's action Job names its inbox
+// (SEQINBOX_INBOX); on tables another inbox owns, nothing is recorded, since that inbox's
+// consumers would execute it.
+func TestActionCommandRefusesTablesOfAnotherInbox(t *testing.T) {
+	ctx := context.Background()
+	url, pool := actionDatabase(t)
+	if err := migrations.ClaimOwner(ctx, pool, "shop/orders"); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--database-url", url, "--action", "Consume", "--type", "OrderPaid", "--idempotence-id", "paid-1"}
+
+	t.Setenv("SEQINBOX_INBOX", "billing/invoices")
+	err := actionCommand(ctx, args, io.Discard)
+	if !errors.Is(err, migrations.ErrOwnedByAnotherInbox) || !strings.Contains(err.Error(), "shop/orders") {
+		t.Fatalf("action for another inbox = %v, want a refusal naming shop/orders", err)
+	}
+	if m, o1, o2 := pendingActions(t, pool); m != "" || o1 != "" || o2 != "" {
+		t.Fatalf("pending actions after the refusal = (%q, %q, %q), want none", m, o1, o2)
+	}
+
+	t.Setenv("SEQINBOX_INBOX", "shop/orders")
+	if err := actionCommand(ctx, args, io.Discard); err != nil {
+		t.Fatalf("action for the owner: %v", err)
+	}
+	if m, _, _ := pendingActions(t, pool); m != "CONSUME" {
+		t.Fatalf("pending action of the message = %q, want CONSUME", m)
+	}
+}
+
 func TestActionCommandOnAMissingTargetFailsAndReportsNotFound(t *testing.T) {
 	tests := []struct {
 		name string

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/manifest"
 )
 
 // +kubebuilder:rbac:groups=inbox.seqinbox.dev,resources=sequentialinboxactions,verbs=get;list;watch
@@ -187,6 +188,7 @@ func (a *ActionReconciler) createJob(ctx context.Context, s *scope, action *v1al
 		component: componentAction,
 		run:       &v1alpha1.JobRunStatus{Key: actionKey(action), Attempt: attempt},
 		args:      actionArgs(action, attempt),
+		env:       []corev1.EnvVar{{Name: inboxEnv, Value: manifest.InboxName(s.inbox)}},
 	}
 	job := buildJob(s.inbox, s.image, req, name)
 	if err := controllerutil.SetControllerReference(action, job, a.jobs.Client.Scheme()); err != nil {

@@ -107,9 +107,11 @@ func TestActionIsRecordedByAJobFromTheInboxImageThenAwaitedUntilExecuted(t *test
 	if !slices.Equal(c.Args, wantArgs) || c.Image != imageV2 {
 		t.Fatalf("container = %s %q, want %s %q", c.Image, c.Args, imageV2, wantArgs)
 	}
-	// The same pod as the migration Job: hardening, database Secret, pull secrets, no retries, bounded lifetime.
+	// The same pod as the migration Job: hardening, database Secret, the inbox the tables must
+	// belong to, pull secrets, no retries, bounded lifetime.
 	migration := buildJob(h.get("orders"), imageV2, jobRequest{component: componentMigration,
-		run: &v1alpha1.JobRunStatus{Key: "k", Attempt: 1}, args: reportArgs()}, "m")
+		run: &v1alpha1.JobRunStatus{Key: "k", Attempt: 1}, args: reportArgs(),
+		env: []corev1.EnvVar{{Name: inboxEnv, Value: h.ns + "/orders"}}}, "m")
 	hardening := func(p corev1.PodSpec) []any {
 		c := p.Containers[0]
 		return []any{p.SecurityContext, c.SecurityContext, p.AutomountServiceAccountToken, p.EnableServiceLinks, p.ImagePullSecrets,
