@@ -75,6 +75,10 @@ const (
 	// connects with the same settings and Secrets as the consumers.
 	KafkaAccessFailedReason = "KafkaAccessFailed"
 
+	// PartitionBlockedReason (Degraded): a consumer has retried a record after infrastructure errors
+	// for longer than five minutes; the message names the partition, the offset and the error.
+	PartitionBlockedReason = "PartitionBlocked"
+
 	// RollingOutReason (Progressing): the consumer Deployment rolls out.
 	RollingOutReason = "RollingOut"
 	// ConsumersUnavailableReason (Ready False): the consumer Deployment is not available.

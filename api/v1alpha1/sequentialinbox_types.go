@@ -601,6 +601,12 @@ type SequentialInboxStatus struct {
 	// Migration tracks the schema migration Jobs (`seqinbox migrate` from the target image).
 	// +optional
 	Migration *JobRunStatus `json:"migration,omitempty"`
+
+	// RegistryCheck tracks the dry-run Jobs (`seqinbox migrate --dry-run` from the running image)
+	// that read the consumer registry every two minutes while the consumers run: a record a
+	// consumer has retried for more than five minutes makes the inbox Degraded (PartitionBlocked).
+	// +optional
+	RegistryCheck *JobRunStatus `json:"registryCheck,omitempty"`
 }
 
 // JobRunStatus tracks the Jobs that the operator runs from the target image for one purpose, so

@@ -21,6 +21,11 @@
 //  5. migrateSchema: `seqinbox migrate` from the target image, once per image and database.
 //  6. ensureWorkload: the consumer Deployment, its PodDisruptionBudget and metrics Service, by
 //     server-side apply.
+//  7. watchGroup: members of another group protocol that keep the consumers out (Degraded).
+//  8. checkRegistry: while the consumers run, a dry-run Job from the running image reads the
+//     consumer registry every RegistryCheckInterval; a record a consumer has retried after
+//     infrastructure errors for longer than BlockedThreshold is named in Degraded
+//     (PartitionBlocked, blocked.go).
 //
 // The status is written once, at the end of the pass (deferred), with an optimistic lock and
 // only when it changed; observedGeneration is set only when every phase ran. Ready, Progressing

@@ -36,9 +36,7 @@ func (r *Reconciler) watchGroup(ctx context.Context, s *scope) (phaseResult, err
 		"The Kafka consumer group %s is held by %d member(s) of another group protocol than this inbox's %s: %s. "+
 			"The broker refuses the consumers until these leave; stop the application they belong to.",
 		s.inbox.Spec.Kafka.ConsumerGroup, len(foreign), s.target.GroupProtocol, describeMembers(foreign)))
-	if s.recheck == 0 || r.PollInterval < s.recheck {
-		s.recheck = r.PollInterval
-	}
+	s.recheckAfter(r.PollInterval)
 	return proceed, nil
 }
 

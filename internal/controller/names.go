@@ -33,6 +33,9 @@ const (
 	componentMigration = "migration"
 	// componentAction: the Jobs that record the operator actions of SequentialInboxAction resources.
 	componentAction = "action"
+	// componentRegistryCheck: the Jobs that read the consumer registry while the consumers run
+	// (short: attempts count up for as long as the consumers run, and a Job name has 63 characters).
+	componentRegistryCheck = "check"
 )
 
 // Annotations the operator writes; the pod template's engine annotations are how a later pass

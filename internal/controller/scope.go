@@ -62,6 +62,13 @@ func (s *scope) wait(reason, message string) {
 	s.waiting = &note{reason: reason, message: message}
 }
 
+// recheckAfter brings a pass that reaches its end back after d at the latest.
+func (s *scope) recheckAfter(d time.Duration) {
+	if d > 0 && (s.recheck == 0 || d < s.recheck) {
+		s.recheck = d
+	}
+}
+
 // problem records something for the Degraded condition.
 func (s *scope) problem(reason, message string) {
 	s.problems = append(s.problems, note{reason: reason, message: message})

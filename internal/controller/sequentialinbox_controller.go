@@ -55,6 +55,10 @@ type Options struct {
 	RetryBase, RetryMax time.Duration
 	// PollInterval is how often what no watch reports (Kafka group, registry, Secrets) is read again.
 	PollInterval time.Duration
+	// RegistryCheckInterval is how often a Job reads the consumer registry while the consumers
+	// run; BlockedThreshold is how long a consumer may retry a record before the inbox is
+	// Degraded (PartitionBlocked). Defaults two and five minutes.
+	RegistryCheckInterval, BlockedThreshold time.Duration
 	// MaxConcurrentReconciles is how many inboxes are reconciled at once; default 4 (a pass
 	// mostly waits for the API server and Kafka).
 	MaxConcurrentReconciles int
@@ -86,6 +90,12 @@ func NewReconciler(c client.Client, apiReader client.Reader, recorder events.Eve
 	}
 	if opts.PollInterval == 0 {
 		opts.PollInterval = 10 * time.Second
+	}
+	if opts.RegistryCheckInterval == 0 {
+		opts.RegistryCheckInterval = 2 * time.Minute
+	}
+	if opts.BlockedThreshold == 0 {
+		opts.BlockedThreshold = 5 * time.Minute
 	}
 	if opts.MaxConcurrentReconciles == 0 {
 		opts.MaxConcurrentReconciles = 4
@@ -186,7 +196,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 // reconcilePhases is the inner reconcile: the phases in order, each of which lets the pass go
 // on, stops it to wait, or fails it. The generation counts as observed only when every phase ran.
 func (r *Reconciler) reconcilePhases(ctx context.Context, s *scope) (ctrl.Result, error) {
-	phases := []phaseFunc{r.validate, r.renderConfig, r.probeTarget, r.gateRollout, r.migrateSchema, r.planReplicas, r.ensureWorkload, r.watchGroup}
+	phases := []phaseFunc{r.validate, r.renderConfig, r.probeTarget, r.gateRollout, r.migrateSchema, r.planReplicas, r.ensureWorkload, r.watchGroup, r.checkRegistry}
 	for _, phase := range phases {
 		res, err := phase(ctx, s)
 		if err != nil {
