@@ -2,8 +2,11 @@ package v1alpha1_test
 
 import (
 	"encoding/json"
+	"reflect"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 )
@@ -52,4 +55,29 @@ func TestDurationKeepsWhatIsNoDurationAndWritesItBackUnchanged(t *testing.T) {
 	if err := json.Unmarshal([]byte(`null`), &d); err != nil || d != (v1alpha1.Duration{}) {
 		t.Errorf("decode null = %+v, %v; want the zero duration", d, err)
 	}
+}
+
+// TestNoSpecFieldIsAMetav1Duration: a metav1.Duration anywhere in the spec would bring back the
+// failure Duration exists to prevent (one malformed stored value stops the operator's cache).
+func TestNoSpecFieldIsAMetav1Duration(t *testing.T) {
+	forbidden := reflect.TypeFor[metav1.Duration]()
+	seen := map[reflect.Type]bool{}
+	var walk func(typ reflect.Type, path string)
+	walk = func(typ reflect.Type, path string) {
+		for typ.Kind() == reflect.Pointer || typ.Kind() == reflect.Slice || typ.Kind() == reflect.Map {
+			typ = typ.Elem()
+		}
+		if typ == forbidden {
+			t.Errorf("%s is a metav1.Duration; use v1alpha1.Duration", path)
+		}
+		if typ.Kind() != reflect.Struct || seen[typ] || typ.PkgPath() != reflect.TypeFor[v1alpha1.Duration]().PkgPath() {
+			return
+		}
+		seen[typ] = true
+		for f := range typ.Fields() {
+			walk(f.Type, path+"."+f.Name)
+		}
+	}
+	walk(reflect.TypeFor[v1alpha1.SequentialInboxSpec](), "spec")
+	walk(reflect.TypeFor[v1alpha1.SequentialInboxActionSpec](), "action spec")
 }
