@@ -17,6 +17,9 @@ import (
 // only its offset.
 const keyedWindow = 256
 
+// maxBatch bounds the records of a partition handed to the engine in one claim transaction.
+const maxBatch = 16
+
 // taken is a record of the partition between being taken from the queue and being finished.
 type taken struct {
 	r         *kgo.Record
@@ -38,12 +41,13 @@ type taken struct {
 // for commit is the one after the finished prefix of the partition, so that after a crash or a
 // revocation everything from the lowest unfinished record on is read again and nothing is
 // skipped (what had finished beyond it is found processed by the engine and skipped as a
-// duplicate). A partition runs at most as many records at once as the engine has in-flight
-// tokens (each record in the engine holds up to two connections); tokens are shared by all
-// partitions.
+// duplicate). A partition runs at most as many records, or batches of records, at once as the
+// engine has in-flight tokens (each record or batch in the engine holds up to two connections);
+// tokens are shared by all partitions. Records that wait for an earlier one of their key, or for
+// a free place, go to the engine together as one batch (one claim transaction) when they can.
 type keyedRun struct {
 	w *worker
-	// parallel is how many records of the partition may be in process at once.
+	// parallel is how many records or batches of the partition may be in process at once.
 	parallel int
 
 	mu sync.Mutex
@@ -79,12 +83,13 @@ func (w *worker) run() {
 	w.dropAll()
 }
 
-// awaitRoom waits until the partition may run another record and the window has room; false
-// when the worker stops first.
+// awaitRoom waits until the window has room; false when the worker stops first. Records taken
+// while the partition runs its share wait in the window, where the next free place takes them
+// as one batch.
 func (k *keyedRun) awaitRoom() bool {
 	for {
 		k.mu.Lock()
-		full := k.running >= k.parallel || len(k.window) >= keyedWindow
+		full := len(k.window) >= keyedWindow
 		k.mu.Unlock()
 		if !full {
 			return true
@@ -146,36 +151,112 @@ func (k *keyedRun) tryStart(t *taken) {
 		k.deferred = true
 		return
 	}
-	t.started = true
+	k.startGroup([]*taken{t})
+}
+
+// startGroup starts records in one place of the partition: one record, or a batch for the
+// engine. The caller holds k.mu.
+func (k *keyedRun) startGroup(g []*taken) {
+	for _, t := range g {
+		t.started = true
+	}
 	k.running++
-	k.wg.Go(func() { k.process(t) })
+	k.wg.Go(func() { k.process(g) })
 }
 
 // startReady starts the records of the window that no earlier unfinished record shares a key
-// with, in offset order. The caller holds k.mu.
+// with, in offset order, in groups that the engine processes as one batch (one claim
+// transaction). A record joins the group before it when it shares a key only with records of
+// that group (it would wait for them otherwise), or when the partition has no place left for a
+// group of its own; only records that the engine can claim together join groups, at most
+// maxBatch. The caller holds k.mu.
 func (k *keyedRun) startReady() {
 	k.deferred = false
-	ahead := map[string]bool{}
+	select {
+	case <-k.w.stopping:
+		return
+	default:
+	}
+	var (
+		// blocked are the keys of earlier unfinished records outside the open group.
+		blocked   = map[string]bool{}
+		group     []*taken
+		groupKeys = map[string]bool{}
+	)
+	block := func(keys []string, into map[string]bool) {
+		for _, key := range keys {
+			into[key] = true
+		}
+	}
+	closeGroup := func() {
+		if len(group) > 0 {
+			k.startGroup(group)
+			for key := range groupKeys {
+				blocked[key] = true
+			}
+			group, groupKeys = nil, map[string]bool{}
+		}
+	}
 	for _, t := range k.window {
 		if t.finished {
 			continue
 		}
-		if !t.started && !slices.ContainsFunc(t.keys, func(key string) bool { return ahead[key] }) {
-			k.tryStart(t)
+		if t.started || slices.ContainsFunc(t.keys, func(key string) bool { return blocked[key] }) {
+			block(t.keys, blocked)
+			continue
 		}
-		for _, key := range t.keys {
-			ahead[key] = true
+		behindGroup := slices.ContainsFunc(t.keys, func(key string) bool { return groupKeys[key] })
+		if len(group) > 0 && (behindGroup || k.running+1 >= k.parallel) && k.joins(group, t) {
+			group = append(group, t)
+			block(t.keys, groupKeys)
+			continue
 		}
+		if behindGroup {
+			block(t.keys, blocked)
+			continue
+		}
+		closeGroup()
+		if k.running >= k.parallel {
+			k.deferred = true
+			block(t.keys, blocked)
+			continue
+		}
+		group = []*taken{t}
+		block(t.keys, groupKeys)
+	}
+	closeGroup()
+}
+
+// joins reports whether t may join group: both claimable together, the group not full.
+func (k *keyedRun) joins(group []*taken, t *taken) bool {
+	e := k.w.s.p.engine
+	batchable := func(t *taken) bool { return t.decodeErr == nil && e.Batchable(t.rec) }
+	return len(group) < maxBatch && batchable(group[0]) && batchable(t)
+}
+
+// process handles a group of records, finishing each when done; an abandoned record stops the
+// worker and stays unfinished, with the records after it in the group.
+func (k *keyedRun) process(g []*taken) {
+	p := k.w.s.p
+	last := g[len(g)-1]
+	finish := func(t *taken) { k.finish(t, t == last) }
+	var ok bool
+	if len(g) == 1 {
+		ok = p.handle(k.w, last.r, last.rec, last.decodeErr)
+		if ok {
+			finish(last)
+		}
+	} else {
+		ok = p.handleBatch(k.w, g, finish)
+	}
+	if !ok {
+		k.w.stop()
 	}
 }
 
-// process handles one record and finishes it; an abandoned record stops the worker and stays
-// unfinished.
-func (k *keyedRun) process(t *taken) {
-	if !k.w.s.p.handle(k.w, t.r, t.rec, t.decodeErr) {
-		k.w.stop()
-		return
-	}
+// finish marks a record finished, gives up its bytes, moves the commit mark past the finished
+// prefix and starts what may start now; freeing releases the group's place in the partition.
+func (k *keyedRun) finish(t *taken, freeing bool) {
 	defer k.w.release(t.size)
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -183,7 +264,9 @@ func (k *keyedRun) process(t *taken) {
 	// The window keeps a finished record until every record before it finished; its bytes are
 	// given up now.
 	t.r, t.rec, t.decodeErr = nil, inbox.Record{}, nil
-	k.running--
+	if freeing {
+		k.running--
+	}
 	waiting := k.deferred
 	for _, key := range t.keys {
 		if k.unfinished[key]--; k.unfinished[key] == 0 {

@@ -194,19 +194,72 @@ func (p *processor) handle(w *worker, r *kgo.Record, rec inbox.Record, err error
 			c.log.Error(err, "processing failed; retrying the record", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "attempt", attempt+1)
 			continue
 		}
-		var letters []deadletter.Letter
-		if res.Outcome == inbox.Failed {
-			l := deadletter.FromKafka(r, deadletter.ReasonListenerFailed, res.ListenerErr)
-			l.Sequence, l.ContextID = p.sequenceOf(rec), rec.ContextID
-			letters = append(letters, l)
+		return p.settle(w, r, rec, res)
+	}
+}
+
+// settle dead-letters what the engine's result asks for and reports the record; false when
+// abandoned.
+func (p *processor) settle(w *worker, r *kgo.Record, rec inbox.Record, res inbox.Result) bool {
+	var letters []deadletter.Letter
+	if res.Outcome == inbox.Failed {
+		l := deadletter.FromKafka(r, deadletter.ReasonListenerFailed, res.ListenerErr)
+		l.Sequence, l.ContextID = p.sequenceOf(rec), rec.ContextID
+		letters = append(letters, l)
+	}
+	if !p.publishAll(w, append(letters, releaseLetters(res)...)) {
+		return false
+	}
+	ev := Event{Origin: rec.Origin, Type: rec.Type, Subtype: rec.Subtype, ContextID: rec.ContextID, IdempotenceID: rec.IdempotenceID}
+	ev.Outcome, ev.Released, ev.ReleaseFailures = res.Outcome.String(), len(res.Released), len(res.ReleaseFailures)
+	p.report(ev)
+	return true
+}
+
+// handleBatch processes records that the engine claims together (inbox.Engine.Batchable) in
+// batches, in order, and finishes each record as soon as its batch committed. When a batch
+// fails, its records go through handle one by one, which retries and classifies errors per
+// record; what the failed batch delivered is found processed then. False when abandoned.
+func (p *processor) handleBatch(w *worker, group []*taken, finish func(*taken)) bool {
+	for len(group) > 0 {
+		recs := make([]inbox.Record, len(group))
+		for i, t := range group {
+			recs[i] = t.rec
 		}
-		if !p.publishAll(w, append(letters, releaseLetters(res)...)) {
+		var (
+			results []inbox.Result
+			err     error
+		)
+		if abandoned := p.inEngine(w, func(ctx context.Context) { results, err = p.engine.ProcessBatch(ctx, recs) }); abandoned {
 			return false
 		}
-		ev.Outcome, ev.Released, ev.ReleaseFailures = res.Outcome.String(), len(res.Released), len(res.ReleaseFailures)
-		p.report(ev)
-		return true
+		if err != nil {
+			var letters []deadletter.Letter
+			for _, res := range results {
+				letters = append(letters, releaseLetters(res)...)
+			}
+			if !p.publishAll(w, letters) || p.c.work.Err() != nil {
+				return false
+			}
+			p.c.log.Info("batch failed; processing its records one by one", "topic", w.tp.topic, "partition", w.tp.partition,
+				"offset", group[0].r.Offset, "records", len(group), "error", err.Error())
+			for _, t := range group {
+				if !p.handle(w, t.r, t.rec, nil) {
+					return false
+				}
+				finish(t)
+			}
+			return true
+		}
+		for i, res := range results {
+			if !p.settle(w, group[i].r, group[i].rec, res) {
+				return false
+			}
+			finish(group[i])
+		}
+		group = group[len(results):]
 	}
+	return true
 }
 
 // releaseLetters are the dead letters of the buffered messages whose release failed.
@@ -251,6 +304,28 @@ func (p *processor) process(w *worker, rec inbox.Record) (_ inbox.Result, listen
 	var cut atomic.Bool
 	res, err := p.engine.Process(context.WithValue(ctx, cutKey{}, &cut), rec)
 	return res, cut.Load(), err
+}
+
+// inEngine runs a batch in the engine within the record timeout, holding one in-flight token (a
+// batch holds two connections, as a record does); true when abandoned before it started.
+func (p *processor) inEngine(w *worker, run func(ctx context.Context)) (abandoned bool) {
+	c := p.c
+	select {
+	case c.inFlight <- struct{}{}:
+	case <-w.stopping:
+		return true
+	case <-c.work.Done():
+		return true
+	}
+	c.metrics.inFlight.Inc()
+	defer func() {
+		c.metrics.inFlight.Dec()
+		<-c.inFlight
+	}()
+	ctx, cancel := context.WithTimeoutCause(c.work, c.recordTimeout, errRecordDeadline)
+	defer cancel()
+	run(ctx)
+	return false
 }
 
 // deadLetterRecord sends a record the engine did not decide about to the dead-letter topic.
