@@ -62,7 +62,7 @@ func TestRecordRetriedAfterAnInfrastructureErrorShowsInTheGaugesAndTheRegistryUn
 	produce(t, seeds, event(0, "OrderCreated", "blk-stuck", "blk-o1"), event(0, "OrderCreated", "blk-other", "blk-o2"))
 
 	waitUntil(t, "the refused record is retried and the other one delivered", func() bool {
-		return gauge(t, r.c, "seqinbox_record_retries_total", "cause", "infrastructure") >= 2 && s.accepted()["blk-other"] == 1
+		return gauge(t, r.c, "seqinbox_record_retries_total", "cause", "Infrastructure") >= 2 && s.accepted()["blk-other"] == 1
 	})
 	if got := gauge(t, r.c, "seqinbox_partition_blocked_offset", "partition", "0"); got != 0 {
 		t.Fatalf("seqinbox_partition_blocked_offset{partition=0} = %v, want 0 (the refused record)", got)

@@ -341,7 +341,7 @@ func TestFailedDeadLetterProduceHoldsTheRecordItsKeyAndTheCommittedOffset(t *tes
 	produce(t, seeds, event(0, "InvoiceSent", "dd-poison", "dd-o1"), event(0, "OrderCreated", "dd-good", "dd-o2"),
 		event(0, "OrderCreated", "dd-same-key", "dd-o1"))
 	waitUntil(t, "the dead-letter produce failed and is retried, and the other order's record was delivered", func() bool {
-		return gauge(t, r.c, "seqinbox_record_retries_total", "cause", "dead-letter") >= 1 && s.accepted()["dd-good"] == 1
+		return gauge(t, r.c, "seqinbox_record_retries_total", "cause", "DeadLetter") >= 1 && s.accepted()["dd-good"] == 1
 	})
 	// A session that ends meanwhile (the machine is slow) reads dd-good again, as a duplicate.
 	for _, e := range r.events.all() {

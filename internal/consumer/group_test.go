@@ -230,7 +230,7 @@ func TestHealthReadinessAndMetrics(t *testing.T) {
 		{"seqinbox_records_total", "outcome", "Delivered", 1},
 		{"seqinbox_records_total", "outcome", "DeadLettered", 1},
 		{"seqinbox_dead_letters_total", "reason", "UndeclaredType", 1},
-		{"seqinbox_claims_total", "result", "won", 1},
+		{"seqinbox_claims_total", "result", "Won", 1},
 		{"seqinbox_sink_request_duration_seconds", "code", "2xx", 1},
 		{"seqinbox_consumer_ready", "", "", 1},
 	}

@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/seqinbox/seqinbox/internal/inbox"
 )
 
 // metrics are the runtime's own collectors; the engine, the sink and the dead-letter publisher
@@ -16,15 +18,24 @@ type metrics struct {
 	ready    prometheus.Gauge
 }
 
+// Causes of seqinbox_record_retries_total: CamelCase, as every label value of seqinbox that names
+// an outcome, result, reason or cause.
+const (
+	causeInfrastructure = "Infrastructure"
+	causeDeadLetter     = "DeadLetter"
+)
+
+// newMetrics builds the runtime's collectors; the counters of a fixed set of label values start
+// with every value at 0, so that rate() and increase() see their first increment.
 func newMetrics() *metrics {
-	return &metrics{
+	m := &metrics{
 		records: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "seqinbox_records_total",
 			Help: "Kafka records whose processing finished, by outcome (Delivered, Buffered, Duplicate, Bypassed, Failed, DeadLettered).",
 		}, []string{"outcome"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "seqinbox_record_retries_total",
-			Help: "Records processed again after an infrastructure error or a failed dead-letter produce, by cause.",
+			Help: "Records processed again after an infrastructure error or a failed dead-letter produce, by cause (Infrastructure, DeadLetter).",
 		}, []string{"cause"}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "seqinbox_consumer_lag",
@@ -39,6 +50,13 @@ func newMetrics() *metrics {
 			Help: "1 while the schema check and the version fence pass and the consumer fetches, else 0.",
 		}),
 	}
+	for _, o := range []inbox.Outcome{inbox.Delivered, inbox.Buffered, inbox.Duplicate, inbox.Bypassed, inbox.Failed} {
+		m.records.WithLabelValues(o.String())
+	}
+	m.records.WithLabelValues(OutcomeDeadLettered)
+	m.retries.WithLabelValues(causeInfrastructure)
+	m.retries.WithLabelValues(causeDeadLetter)
+	return m
 }
 
 func (m *metrics) collectors() []prometheus.Collector {

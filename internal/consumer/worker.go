@@ -189,7 +189,7 @@ func (p *processor) handle(w *worker, r *kgo.Record, rec inbox.Record, err error
 			if reason, cause, ok := recordFault(err, listenerCut, c.recordTimeout, c.listenerDeadline()); ok {
 				return p.deadLetterRecord(w, r, rec, reason, cause, ev)
 			}
-			c.metrics.retries.WithLabelValues("infrastructure").Inc()
+			c.metrics.retries.WithLabelValues(causeInfrastructure).Inc()
 			c.blocked.retrying(r, err)
 			c.log.Error(err, "processing failed; retrying the record", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "attempt", attempt+1)
 			continue
@@ -359,7 +359,7 @@ func (p *processor) publish(w *worker, l deadletter.Letter) bool {
 		if p.c.work.Err() != nil {
 			return false
 		}
-		p.c.metrics.retries.WithLabelValues("dead-letter").Inc()
+		p.c.metrics.retries.WithLabelValues(causeDeadLetter).Inc()
 		p.c.log.Error(err, "dead-letter produce failed; retrying, the record's offset stays uncommitted", "attempt", attempt+1)
 	}
 }

@@ -328,14 +328,14 @@ func (li *lockedInstance) runActions(ctx context.Context) (int, error) {
 		if err := li.runMessageAction(ctx, a); err != nil {
 			return done, fmt.Errorf("%s %s/%s: %w", a.action, a.qualifiedType, a.idempotenceID, err)
 		}
-		li.e.metrics.actions.WithLabelValues(string(a.action)).Inc()
+		li.e.metrics.actions.WithLabelValues(actionLabel(string(a.action))).Inc()
 		done++
 	}
 	if li.action != nil {
 		if err := li.runInstanceAction(ctx, InstanceAction(*li.action)); err != nil {
 			return done, err
 		}
-		li.e.metrics.actions.WithLabelValues(*li.action).Inc()
+		li.e.metrics.actions.WithLabelValues(actionLabel(*li.action)).Inc()
 		done++
 	}
 	if seq, ok := li.e.set.Sequence(li.name); ok {

@@ -224,9 +224,9 @@ func (b *batchRun) claimAndProcess(ctx context.Context) error {
 	}
 	for _, it := range b.items[:b.done] {
 		if it.won {
-			b.e.metrics.claims.WithLabelValues("won").Inc()
+			b.e.metrics.claims.WithLabelValues(claimWon).Inc()
 		} else {
-			b.e.metrics.claims.WithLabelValues("lost").Inc()
+			b.e.metrics.claims.WithLabelValues(claimLost).Inc()
 		}
 	}
 	return nil
@@ -690,10 +690,10 @@ func (b *batchRun) releaseAfterCommit(ctx context.Context) error {
 			continue
 		}
 		if !b.stateOf(b.after, it.instanceID).needsRelease(it.mt.Sequence) {
-			b.e.metrics.releases.WithLabelValues("skipped").Inc()
+			b.e.metrics.releases.WithLabelValues(releaseSkipped).Inc()
 			continue
 		}
-		b.e.metrics.releases.WithLabelValues("run").Inc()
+		b.e.metrics.releases.WithLabelValues(releaseRun).Inc()
 		released, failures, err := b.e.releaseUnderInstanceLock(ctx, b.conn, it.instanceID, it.mt.Sequence)
 		b.results[i].Released, b.results[i].ReleaseFailures = released, failures
 		if err != nil {

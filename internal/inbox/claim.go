@@ -112,20 +112,20 @@ func (e *Engine) claimAndProcess(ctx context.Context, conn *pgxpool.Conn, instan
 	)
 	switch {
 	case !c.won:
-		e.metrics.claims.WithLabelValues("lost").Inc()
+		e.metrics.claims.WithLabelValues(claimLost).Inc()
 		res.Outcome, end = Duplicate, rollbackSQL
 	case c.existing.settled():
 		// The claim was free although the message is stored: a T1 ended after its state commit,
 		// or the row predates the claim table. Committing restores the claim, so that later
 		// duplicates lose at the claim insert.
-		e.metrics.claims.WithLabelValues("won").Inc()
+		e.metrics.claims.WithLabelValues(claimWon).Inc()
 		res.Outcome = Duplicate
 	case evaluate && !mt.Condition.Holds(c.state.processed):
-		e.metrics.claims.WithLabelValues("won").Inc()
+		e.metrics.claims.WithLabelValues(claimWon).Inc()
 		res.Outcome = Buffered
 		err = bufferUnderClaim(ctx, conn, instanceID, c.existing, msg)
 	default:
-		e.metrics.claims.WithLabelValues("won").Inc()
+		e.metrics.claims.WithLabelValues(claimWon).Inc()
 		res, end, err = e.deliverUnderClaim(ctx, instanceID, c, msg)
 	}
 	if err != nil {

@@ -283,10 +283,10 @@ func (e *Engine) Process(ctx context.Context, rec Record) (Result, error) {
 			return res, err
 		}
 		if !after.needsRelease(mt.Sequence) {
-			e.metrics.releases.WithLabelValues("skipped").Inc()
+			e.metrics.releases.WithLabelValues(releaseSkipped).Inc()
 			return res, nil
 		}
-		e.metrics.releases.WithLabelValues("run").Inc()
+		e.metrics.releases.WithLabelValues(releaseRun).Inc()
 		res.Released, res.ReleaseFailures, err = e.releaseUnderInstanceLock(ctx, conn, instanceID, mt.Sequence)
 		return res, err
 	}

@@ -267,13 +267,13 @@ func (h *housekeeper) windowClosedBatch(ctx context.Context) (int, error) {
 
 func (h *housekeeper) deleteClosedBatch(ctx context.Context) (int, error) {
 	n, err := h.deleteBatchInTx(ctx, closedBatchSQL, h.cfg.BatchSize, h.e.clock.Now())
-	h.e.metrics.hkDeleted.WithLabelValues("closed").Add(float64(n))
+	h.e.metrics.hkDeleted.WithLabelValues(deletedClosed).Add(float64(n))
 	return n, err
 }
 
 func (h *housekeeper) deleteExpiredBatch(ctx context.Context) (int, error) {
 	n, err := h.deleteBatchInTx(ctx, removableBatchSQL, h.cfg.BatchSize, h.e.clock.Now())
-	h.e.metrics.hkDeleted.WithLabelValues("expired").Add(float64(n))
+	h.e.metrics.hkDeleted.WithLabelValues(deletedExpired).Add(float64(n))
 	return n, err
 }
 

@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,10 +28,30 @@ type Metrics struct {
 	state            *stateCollector
 }
 
-// NewMetrics builds unregistered collectors.
+// Label values of the engine's metrics: CamelCase, as every label value of seqinbox that names an
+// outcome, result, reason, cause or action.
+const (
+	claimWon, claimLost           = "Won", "Lost"
+	releaseRun, releaseSkipped    = "Run", "Skipped"
+	deletedClosed, deletedExpired = "Closed", "Expired"
+)
+
+// actionLabel is an action's label value: its name in CamelCase (CONSUME_ALL is ConsumeAll).
+func actionLabel(action string) string {
+	var b strings.Builder
+	for word := range strings.SplitSeq(action, "_") {
+		if word != "" {
+			b.WriteString(word[:1] + strings.ToLower(word[1:]))
+		}
+	}
+	return b.String()
+}
+
+// NewMetrics builds unregistered collectors. The counters of a fixed set of label values start
+// with every value at 0, so that rate() and increase() see their first increment.
 func NewMetrics() *Metrics {
 	seqType := []string{"sequence", "type"}
-	return &Metrics{
+	m := &Metrics{
 		consumed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "seqinbox_messages_consumed_total",
 			Help: "Messages the listener accepted, by sequence and qualified type.",
@@ -46,11 +67,11 @@ func NewMetrics() *Metrics {
 		}, seqType),
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "seqinbox_claims_total",
-			Help: "Claim inserts by result: won (this delivery processes the message) or lost (a duplicate).",
+			Help: "Claim inserts by result: Won (this delivery processes the message) or Lost (a duplicate).",
 		}, []string{"result"}),
 		releases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "seqinbox_release_transactions_total",
-			Help: "Release transactions after a record: run, or skipped because nothing was releasable.",
+			Help: "Release transactions after a record: Run, or Skipped because nothing was releasable.",
 		}, []string{"result"}),
 		listenerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "seqinbox_listener_duration_seconds",
@@ -63,11 +84,11 @@ func NewMetrics() *Metrics {
 		}, seqType),
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "seqinbox_actions_total",
-			Help: "Operator actions executed, by action.",
+			Help: "Operator actions executed, by action (Consume, Expire, ConsumeAll, Close).",
 		}, []string{"action"}),
 		hkDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "seqinbox_housekeeping_deleted_instances_total",
-			Help: "Sequence instances deleted by housekeeping, by reason (closed, expired).",
+			Help: "Sequence instances deleted by housekeeping, by reason (Closed, Expired).",
 		}, []string{"reason"}),
 		hkMarked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "seqinbox_housekeeping_expired_instances_total",
@@ -84,6 +105,21 @@ func NewMetrics() *Metrics {
 		}),
 		state: newStateCollector(),
 	}
+	for _, v := range []struct {
+		vec    *prometheus.CounterVec
+		values []string
+	}{
+		{m.claims, []string{claimWon, claimLost}},
+		{m.releases, []string{releaseRun, releaseSkipped}},
+		{m.hkDeleted, []string{deletedClosed, deletedExpired}},
+		{m.actions, []string{actionLabel(string(ActionConsume)), actionLabel(string(ActionExpire)),
+			actionLabel(string(ActionConsumeAll)), actionLabel(string(ActionClose))}},
+	} {
+		for _, value := range v.values {
+			v.vec.WithLabelValues(value)
+		}
+	}
+	return m
 }
 
 // Collectors returns every collector, for the consumer to register.

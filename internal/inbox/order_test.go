@@ -254,7 +254,7 @@ func TestForUpdateOnTheInstanceWouldStallBuffering(t *testing.T) {
 
 func TestReleaseTransactionIsSkippedWhenNothingIsReleasable(t *testing.T) {
 	h := newHarness(t, chainSet())
-	run, skipped := h.engine.metrics.releases.WithLabelValues("run"), h.engine.metrics.releases.WithLabelValues("skipped")
+	run, skipped := h.engine.metrics.releases.WithLabelValues(releaseRun), h.engine.metrics.releases.WithLabelValues(releaseSkipped)
 	h.process(h.rec("A", "a1", "x"))
 	h.process(h.rec("B", "b1", "x"))
 	if r, s := counterValue(t, run), counterValue(t, skipped); r != 0 || s != 2 {

@@ -193,7 +193,7 @@ func (s *Sink) Deliver(ctx context.Context, m inbox.Message) error {
 }
 
 func (s *Sink) failed(m inbox.Message, err *Error) error {
-	reason := "transport"
+	reason := "Transport"
 	if err.StatusCode != 0 {
 		reason = strconv.Itoa(err.StatusCode/100) + "xx"
 	}
@@ -223,7 +223,7 @@ func (s *Sink) attempt(ctx context.Context, header http.Header, body []byte) *at
 	start := time.Now()
 	resp, err := s.client.Do(req)
 	if err != nil {
-		s.metrics.duration.WithLabelValues("error").Observe(time.Since(start).Seconds())
+		s.metrics.duration.WithLabelValues("Error").Observe(time.Since(start).Seconds())
 		// A transport error or this attempt's timeout is transient; the caller's end is not
 		// (the loop stops on ctx.Err()).
 		return &attemptError{err: err, retryable: true}
@@ -290,12 +290,12 @@ func NewMetrics() *Metrics {
 	return &Metrics{
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "seqinbox_sink_request_duration_seconds",
-			Help:    "Duration of single HTTP attempts to the sink, by answer class (2xx, 4xx, 5xx, error).",
+			Help:    "Duration of single HTTP attempts to the sink, by answer class (2xx, 4xx, 5xx, Error).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
 		}, []string{"code"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "seqinbox_sink_failures_total",
-			Help: "Deliveries that failed after their retries, by the last answer class (4xx, 5xx, transport).",
+			Help: "Deliveries that failed after their retries, by the last answer class (4xx, 5xx, Transport).",
 		}, []string{"reason"}),
 		retries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "seqinbox_sink_retries_total",
