@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -95,6 +96,18 @@ func TestVersionFlagAndCommandPrintTheBuild(t *testing.T) {
 	jsonOut, _, code := seqinbox(t, "version", "-o", "json")
 	if code != exitOK || !strings.Contains(jsonOut, `"claimProtocol"`) {
 		t.Fatalf("version -o json: exit %d %q", code, jsonOut)
+	}
+}
+
+func TestConsumeRefusesAMemoryLimitThatIsNoQuantity(t *testing.T) {
+	for _, v := range []string{"lots", "-512Mi"} {
+		t.Run(v, func(t *testing.T) {
+			t.Setenv(envMemoryLimit, v)
+			_, stderr, code := seqinbox(t, "consume", "-f", "inbox.yaml")
+			if want := fmt.Sprintf("seqinbox consume: %s=%q: want the container's memory limit", envMemoryLimit, v); code != exitUsage || !strings.HasPrefix(stderr, want) {
+				t.Errorf("exit %d, stderr:\n%s\nwant exit %d and a line starting %q", code, stderr, exitUsage, want)
+			}
+		})
 	}
 }
 

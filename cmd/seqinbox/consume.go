@@ -58,16 +58,16 @@ addresses and the pod name as --instance-id.`,
 			}
 			fromEnv(cmd, "database-url", envDatabaseURL, &databaseURL)
 			fromEnv(cmd, "bootstrap-servers", envBootstrapServers, &bootstrap)
+			limit, err := memoryLimit()
+			if err != nil {
+				return err
+			}
 			inbox, err := manifest.Load(file)
 			if err != nil {
 				return err
 			}
 			if instanceID == "" {
 				instanceID = defaultInstanceID()
-			}
-			limit, err := memoryLimit()
-			if err != nil {
-				return err
 			}
 			var servers []string
 			if bootstrap != "" {
