@@ -315,3 +315,51 @@ func TestMigrateCommandRefusesASecondInboxWithAReportNamingTheOwner(t *testing.T
 		t.Fatalf("second inbox's report = %+v, want the owner shop/orders named and nothing applied", second)
 	}
 }
+
+func TestMigrateDryRunReportsBlockedRecordsAndToleratesASchemaWithoutThem(t *testing.T) {
+	ctx := context.Background()
+	url, pool := migrateDatabase(t)
+	// The schema before the blocked record's columns: the live consumer is listed without one.
+	if _, err := migrations.ApplyUpTo(ctx, pool, migrations.Latest()-1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO consumer_registry (instance_id, consumer_group, engine_version, claim_protocol, started_at, heartbeat_at)
+		VALUES ('orders-consumer-0', 'orders', 'v0.1.0', 'insert-first-v1', now(), now())`); err != nil {
+		t.Fatal(err)
+	}
+	before, err := migrate(ctx, migrateOptions{databaseURL: url, dryRun: true, liveWithin: time.Minute})
+	if err != nil {
+		t.Fatalf("dry run on schema %d: %v", migrations.Latest()-1, err)
+	}
+	if len(before.LiveConsumers) != 1 || before.LiveConsumers[0].Blocked != nil {
+		t.Fatalf("dry run on the older schema lists %+v, want the consumer without a blocked record", before.LiveConsumers)
+	}
+
+	if _, err := migrations.Apply(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE consumer_registry SET blocked_topic = 'orders', blocked_partition = 2, blocked_offset = 42,
+		blocked_since = now() - interval '10 minutes', blocked_error = repeat('ERROR: out of resources (SQLSTATE 53000) ', 40)`); err != nil {
+		t.Fatal(err)
+	}
+	report, err := migrate(ctx, migrateOptions{databaseURL: url, dryRun: true, liveWithin: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(report.LiveConsumers) != 1 || report.LiveConsumers[0].Blocked == nil {
+		t.Fatalf("dry run lists %+v, want the consumer with its blocked record", report.LiveConsumers)
+	}
+	b := report.LiveConsumers[0].Blocked
+	if b.Topic != "orders" || b.Partition != 2 || b.Offset != 42 || time.Since(b.Since) < 9*time.Minute ||
+		!strings.Contains(b.Error, "SQLSTATE 53000") || len(b.Error) > migrations.MaxBlockedError {
+		t.Fatalf("blocked record %+v (error of %d bytes), want orders[2] offset 42 since ten minutes, error cut to %d bytes",
+			b, len(b.Error), migrations.MaxBlockedError)
+	}
+	var out bytes.Buffer
+	if err := writeMigrateText(&out, report); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "orders-consumer-0 retries orders[2] offset 42 since") {
+		t.Fatalf("text output does not name the blocked record:\n%s", out.String())
+	}
+}
