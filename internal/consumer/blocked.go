@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"k8s.io/utils/clock"
 
 	"github.com/seqinbox/seqinbox/internal/fence"
 )
@@ -21,17 +22,17 @@ const maxBlockedError = 512
 // scrape time, and tells the version fence the consumer's longest-blocked record, which the
 // heartbeat writes to the consumer registry for the operator's Degraded condition.
 type blockage struct {
-	clock                   fence.Clock
+	clock                   clock.PassiveClock
 	offsetDesc, secondsDesc *prometheus.Desc
 
 	mu      sync.Mutex
 	records map[topicPartition]map[int64]*fence.Blocked
 }
 
-func newBlockage(clock fence.Clock) *blockage {
+func newBlockage(clk clock.PassiveClock) *blockage {
 	labels := []string{"topic", "partition"}
 	return &blockage{
-		clock: clock,
+		clock: clk,
 		offsetDesc: prometheus.NewDesc("seqinbox_partition_blocked_offset",
 			"Offset of the record of the partition retried longest after infrastructure errors; no series while none is retried.", labels, nil),
 		secondsDesc: prometheus.NewDesc("seqinbox_partition_blocked_seconds",

@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"k8s.io/utils/clock"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/fence"
@@ -47,8 +48,8 @@ type Config struct {
 	// CommitInterval is how often processed offsets are committed between rebalances; zero means 1s.
 	CommitInterval time.Duration
 	// Clock paces heartbeats, backoffs and periodic work and tells the engine the time; nil is
-	// the wall clock.
-	Clock fence.Clock
+	// the real clock.
+	Clock clock.Clock
 	// Log receives structured logs; the zero value discards them.
 	Log logr.Logger
 	// OnRecord, when set, is told what became of every finished record, from the goroutine that
@@ -263,11 +264,11 @@ func newPool(ctx context.Context, url string, size int32) (*pgxpool.Pool, error)
 }
 
 // engineConfig derives the claim engine's configuration from the spec.
-func engineConfig(spec *v1alpha1.SequentialInboxSpec, listenerDeadline time.Duration, clock fence.Clock, log logr.Logger) inbox.Config {
+func engineConfig(spec *v1alpha1.SequentialInboxSpec, listenerDeadline time.Duration, clk clock.PassiveClock, log logr.Logger) inbox.Config {
 	cfg := inbox.Config{
 		ListenerDeadline: listenerDeadline,
 		IdleLockTimeout:  spec.Database.IdleLockTimeout.Duration,
-		Clock:            clock,
+		Clock:            clk,
 		Log:              log.WithName("engine"),
 	}
 	if spec.SequencingStartTime != nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"k8s.io/utils/clock"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/deadletter"
@@ -66,7 +67,7 @@ const OutcomeDeadLettered = "DeadLettered"
 type Consumer struct {
 	cfg           Config
 	log           logr.Logger
-	clock         fence.Clock
+	clock         clock.Clock
 	set           *sequence.Set
 	decoder       *decode.Decoder
 	sink          *sink.Sink
@@ -120,7 +121,7 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = fence.WallClock{}
+		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.ActionsInterval <= 0 {
 		cfg.ActionsInterval = defaultActionsInterval

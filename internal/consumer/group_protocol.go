@@ -14,9 +14,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"k8s.io/utils/clock"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
-	"github.com/seqinbox/seqinbox/internal/fence"
 	"github.com/seqinbox/seqinbox/internal/inbox"
 	"github.com/seqinbox/seqinbox/internal/kafkaauth"
 	"github.com/seqinbox/seqinbox/internal/version"
@@ -71,7 +71,7 @@ func (h groupHolder) String() string {
 type groupMembership struct {
 	group, protocol string
 	log             logr.Logger
-	clock           fence.Clock
+	clock           clock.PassiveClock
 	// admin describes the group after a refusal; changed is called after every change.
 	admin   *kadm.Client
 	changed func()
@@ -95,9 +95,9 @@ type groupMembership struct {
 	lastErr error
 }
 
-func newGroupMembership(kafka *v1alpha1.KafkaSpec, protocol string, clock fence.Clock, log logr.Logger) *groupMembership {
+func newGroupMembership(kafka *v1alpha1.KafkaSpec, protocol string, clk clock.PassiveClock, log logr.Logger) *groupMembership {
 	return &groupMembership{
-		group: kafka.ConsumerGroup, protocol: protocol, kafka: kafka, clock: clock, log: log, changed: func() {},
+		group: kafka.ConsumerGroup, protocol: protocol, kafka: kafka, clock: clk, log: log, changed: func() {},
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "seqinbox_consumer_group_join_refusals_total",
 			Help: "Joins the broker refused because members of another group protocol hold the consumer group (INCONSISTENT_GROUP_PROTOCOL).",

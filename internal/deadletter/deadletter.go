@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"k8s.io/utils/clock"
 
 	"github.com/seqinbox/seqinbox/internal/inbox"
 )
@@ -97,20 +98,11 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// Clock tells the time of the failed-at header.
-type Clock interface {
-	Now() time.Time
-}
-
-type wallClock struct{}
-
-func (wallClock) Now() time.Time { return time.Now() }
-
 // Publisher produces letters to the dead-letter topic. It is the engine's inbox.DeadLetterer too.
 type Publisher struct {
 	client  *kgo.Client
 	topic   string
-	clock   Clock
+	clock   clock.PassiveClock
 	metrics *Metrics
 	// maxBytes is the topic's max.message.bytes once read (0 before), readAt when (Unix
 	// nanoseconds); see limit.
@@ -119,14 +111,14 @@ type Publisher struct {
 
 // NewPublisher publishes to topic through client (which may be the consumer's own client).
 // clock nil is the wall clock; m nil counts nothing anybody reads.
-func NewPublisher(client *kgo.Client, topic string, clock Clock, m *Metrics) *Publisher {
-	if clock == nil {
-		clock = wallClock{}
+func NewPublisher(client *kgo.Client, topic string, clk clock.PassiveClock, m *Metrics) *Publisher {
+	if clk == nil {
+		clk = clock.RealClock{}
 	}
 	if m == nil {
 		m = NewMetrics()
 	}
-	return &Publisher{client: client, topic: topic, clock: clock, metrics: m}
+	return &Publisher{client: client, topic: topic, clock: clk, metrics: m}
 }
 
 // Topic is where letters go.

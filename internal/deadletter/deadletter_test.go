@@ -8,14 +8,11 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/seqinbox/seqinbox/internal/inbox"
 	"github.com/seqinbox/seqinbox/internal/testenv"
 )
-
-type fixedClock struct{ t time.Time }
-
-func (c fixedClock) Now() time.Time { return c.t }
 
 var failedAt = time.Date(2026, 3, 1, 12, 30, 0, 5, time.UTC)
 
@@ -28,7 +25,7 @@ func headerMap(hs []kgo.RecordHeader) map[string]string {
 }
 
 func TestRecordCarriesTheOriginalAndWhy(t *testing.T) {
-	p := NewPublisher(nil, "orders.dlq", fixedClock{failedAt}, nil)
+	p := NewPublisher(nil, "orders.dlq", testingclock.NewFakePassiveClock(failedAt), nil)
 	original := []inbox.Header{
 		{Key: "ce_id", Value: []byte("e-1")},
 		{Key: "ce_type", Value: []byte("OrderCreated")},

@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"k8s.io/utils/clock"
 
 	"github.com/seqinbox/seqinbox/migrations"
 )
@@ -102,25 +103,10 @@ func (c Consumer) String() string {
 	return fmt.Sprintf("%s (group %s, claim protocol %s, engine %s)", c.InstanceID, c.ConsumerGroup, c.ClaimProtocol, c.EngineVersion)
 }
 
-// Clock paces the fence's loop; tests drive it by hand instead of sleeping.
-type Clock interface {
-	Now() time.Time
-	After(d time.Duration) <-chan time.Time
-}
-
-// WallClock is the real Clock.
-type WallClock struct{}
-
-// Now returns the current time.
-func (WallClock) Now() time.Time { return time.Now() }
-
-// After waits for d to elapse.
-func (WallClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
-
 // Config tunes a Fence; zero fields take the defaults.
 type Config struct {
-	// Clock paces heartbeats; default WallClock.
-	Clock Clock
+	// Clock paces heartbeats; tests drive a fake one instead of sleeping. Default the real clock.
+	Clock clock.Clock
 	// HeartbeatInterval is how often the fence heartbeats and re-checks; default 10s.
 	HeartbeatInterval time.Duration
 	// LivenessWindow is how old a heartbeat may be for its consumer to count as live; default 30s.
@@ -137,7 +123,7 @@ type Config struct {
 type Fence struct {
 	pool     *pgxpool.Pool
 	id       Identity
-	clock    Clock
+	clock    clock.Clock
 	interval time.Duration
 	window   time.Duration
 	log      logr.Logger
@@ -151,7 +137,7 @@ func New(pool *pgxpool.Pool, id Identity, cfg Config) (*Fence, error) {
 	}
 	f := &Fence{pool: pool, id: id, clock: cfg.Clock, interval: cfg.HeartbeatInterval, window: cfg.LivenessWindow, log: cfg.Log, blocked: cfg.Blocked}
 	if f.clock == nil {
-		f.clock = WallClock{}
+		f.clock = clock.RealClock{}
 	}
 	if f.interval == 0 {
 		f.interval = DefaultHeartbeatInterval

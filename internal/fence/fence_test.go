@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"k8s.io/utils/clock"
 
 	"github.com/seqinbox/seqinbox/internal/fence"
 	"github.com/seqinbox/seqinbox/migrations"
@@ -19,9 +20,9 @@ func identity(instance, group, protocol string) fence.Identity {
 	return fence.Identity{InstanceID: instance, ConsumerGroup: group, EngineVersion: "v-" + protocol, ClaimProtocol: protocol}
 }
 
-func newFence(t *testing.T, pool *pgxpool.Pool, id fence.Identity, clock fence.Clock) *fence.Fence {
+func newFence(t *testing.T, pool *pgxpool.Pool, id fence.Identity, clk clock.Clock) *fence.Fence {
 	t.Helper()
-	f, err := fence.New(pool, id, fence.Config{Clock: clock})
+	f, err := fence.New(pool, id, fence.Config{Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}

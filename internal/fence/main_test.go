@@ -3,11 +3,11 @@ package fence_test
 import (
 	"context"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/seqinbox/seqinbox/internal/testenv"
 	"github.com/seqinbox/seqinbox/migrations"
@@ -34,47 +34,20 @@ func migratedDatabase(t *testing.T, version int) *pgxpool.Pool {
 	return pool
 }
 
-// manualClock is a fence.Clock that moves only when the test advances it.
+// manualClock is a fake clock that moves only when the test advances it.
 type manualClock struct {
-	mu      sync.Mutex
-	now     time.Time
-	waiters []clockWaiter
-}
-
-type clockWaiter struct {
-	at time.Time
-	ch chan time.Time
+	*testingclock.FakeClock
 }
 
 func newManualClock() *manualClock {
-	return &manualClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-}
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *manualClock) After(d time.Duration) <-chan time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ch := make(chan time.Time, 1)
-	c.waiters = append(c.waiters, clockWaiter{at: c.now.Add(d), ch: ch})
-	return ch
+	return &manualClock{testingclock.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))}
 }
 
 // awaitWaiter polls until someone waits on the clock, i.e. the fence loop finished its pass.
 func (c *manualClock) awaitWaiter(t *testing.T) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c.mu.Lock()
-		n := len(c.waiters)
-		c.mu.Unlock()
-		if n > 0 {
-			return
-		}
+	for !c.HasWaiters() {
 		if time.Now().After(deadline) {
 			t.Fatal("nobody waits on the clock")
 		}
@@ -82,21 +55,10 @@ func (c *manualClock) awaitWaiter(t *testing.T) {
 	}
 }
 
-// Advance waits until the loop waits on the clock, then moves the clock by d and fires the
+// Advance waits until the loop waits on the clock, then moves the clock by d, which fires the
 // waiters that are due.
 func (c *manualClock) Advance(t *testing.T, d time.Duration) {
 	t.Helper()
 	c.awaitWaiter(t)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	kept := c.waiters[:0]
-	for _, w := range c.waiters {
-		if w.at.After(c.now) {
-			kept = append(kept, w)
-			continue
-		}
-		w.ch <- c.now
-	}
-	c.waiters = kept
+	c.Step(d)
 }

@@ -178,11 +178,11 @@ func TestHousekeepingNeverTakesARecordsConnection(t *testing.T) {
 	h := newIsolatedHarness(t, chainSet(), withRecordsPool(2))
 	h.process(h.rec("B", "b1", "stuck"))
 	hc := HousekeepingConfig{ExpiryDelay: time.Hour, BatchSize: 10, MaxDuration: time.Hour}
-	h.clock.Advance(time.Hour + time.Minute)
+	h.clock.Step(time.Hour + time.Minute)
 	if rep := h.housekeep(hc, &recordingDeadLetterer{}); rep.MarkedExpired != 1 || rep.DeletedExpired != 0 {
 		t.Fatalf("first run = %+v, want the instance marked for removal", rep)
 	}
-	h.clock.Advance(2 * time.Hour)
+	h.clock.Step(2 * time.Hour)
 
 	dl := &blockingDeadLetterer{entered: make(chan struct{}), released: make(chan struct{})}
 	done := make(chan error, 1)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"k8s.io/utils/clock"
 
 	"github.com/seqinbox/seqinbox/internal/sequence"
 )
@@ -31,16 +32,6 @@ type Message struct {
 type DeadLetterer interface {
 	DeadLetter(ctx context.Context, m Message, reason string) error
 }
-
-// Clock is the time source of all time-based decisions (recording mode, retention, housekeeping),
-// injected so that tests control it.
-type Clock interface {
-	Now() time.Time
-}
-
-type wallClock struct{}
-
-func (wallClock) Now() time.Time { return time.Now() }
 
 // Config tunes the engine.
 type Config struct {
@@ -70,8 +61,9 @@ type Config struct {
 	// ExpiringSoonWindow is how far ahead of its retain_until an open instance counts as
 	// "expiring soon" in the metrics. Zero: one hour.
 	ExpiringSoonWindow time.Duration
-	// Clock is the time source; nil is the wall clock.
-	Clock Clock
+	// Clock is the time source of all time-based decisions (recording mode, retention,
+	// housekeeping), injected so that tests control it; nil is the real clock.
+	Clock clock.PassiveClock
 	// Log receives structured logs; the zero value discards them.
 	Log logr.Logger
 }
@@ -168,7 +160,7 @@ type Engine struct {
 	set         *sequence.Set
 	listener    Listener
 	cfg         Config
-	clock       Clock
+	clock       clock.PassiveClock
 	log         logr.Logger
 	metrics     *Metrics
 	// instances caches instance ids by (sequence, context ID).
@@ -203,7 +195,7 @@ func New(pool *pgxpool.Pool, set *sequence.Set, l Listener, cfg Config, m *Metri
 			MaintenanceConnections, cfg.Maintenance.Config().MaxConns)
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = wallClock{}
+		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.Log.IsZero() {
 		cfg.Log = logr.Discard()

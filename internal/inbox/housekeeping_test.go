@@ -45,7 +45,7 @@ func TestHousekeepingDeletesClosedThenMarksAndDeletesExpiredInstances(t *testing
 		t.Fatalf("closed instance %q with %d claims left, want it deleted with its claims", s, n)
 	}
 
-	h.clock.Advance(time.Hour + time.Minute)
+	h.clock.Step(time.Hour + time.Minute)
 	rep = h.housekeep(hc, dl)
 	if want := (HousekeepingReport{Leader: true, Finished: true, MarkedExpired: 2}); rep != want {
 		t.Fatalf("run past retention = %+v, want %+v", rep, want)
@@ -57,7 +57,7 @@ func TestHousekeepingDeletesClosedThenMarksAndDeletesExpiredInstances(t *testing
 		t.Fatalf("dead letters before removal: %v", dl.letters)
 	}
 
-	h.clock.Advance(30 * time.Minute)
+	h.clock.Step(30 * time.Minute)
 	rep = h.housekeep(hc, dl)
 	if want := (HousekeepingReport{Leader: true, Finished: true, DeletedExpired: 2, DeadLettered: 1}); rep != want {
 		t.Fatalf("run past remove_after = %+v, want %+v", rep, want)
@@ -135,6 +135,8 @@ func (c *steppingClock) Now() time.Time {
 	return c.now
 }
 
+func (c *steppingClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
 func TestHousekeepingStopsBetweenBatchesAtMaxDuration(t *testing.T) {
 	clock := &steppingClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
 	h := newIsolatedHarness(t, sequence.NewSet([]*sequence.Sequence{seqOf("single", mt("A", "", nil))}),
@@ -161,9 +163,9 @@ func TestHousekeepingKeepsWaitingMessagesWhoseDeadLetterFailed(t *testing.T) {
 	h := newIsolatedHarness(t, chainSet())
 	h.process(h.rec("B", "b1", "stuck"))
 	hc := HousekeepingConfig{ExpiryDelay: time.Minute, BatchSize: 10, MaxDuration: time.Hour}
-	h.clock.Advance(time.Hour + time.Minute)
+	h.clock.Step(time.Hour + time.Minute)
 	h.housekeep(hc, failingDeadLetterer{})
-	h.clock.Advance(2 * time.Minute)
+	h.clock.Step(2 * time.Minute)
 	if _, err := h.engine.Housekeep(context.Background(), hc, failingDeadLetterer{}); err == nil {
 		t.Fatal("housekeeping succeeded although the dead letter failed")
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/seqinbox/seqinbox/internal/sequence"
 	"github.com/seqinbox/seqinbox/internal/testenv"
@@ -58,26 +59,8 @@ func newPool(tb testing.TB, url string, maxConns int32) *pgxpool.Pool {
 	return pool
 }
 
-// fakeClock is a Clock that tests set.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
+func newFakeClock() *testingclock.FakeClock {
+	return testingclock.NewFakeClock(time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC))
 }
 
 // testListener records every call, tracks calls in flight per claim key, and behaves as told.
@@ -191,7 +174,7 @@ type harness struct {
 	pool     *pgxpool.Pool
 	engine   *Engine
 	listener *testListener
-	clock    *fakeClock
+	clock    *testingclock.FakeClock
 	prefix   string
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 )
 
 // Metrics are the engine's Prometheus collectors (SPEC §6). The engine registers nothing; the
@@ -163,7 +164,7 @@ type stateCollector struct {
 
 	mu     sync.Mutex
 	pool   *pgxpool.Pool
-	clock  Clock
+	clock  clock.PassiveClock
 	window time.Duration
 	// leaderPID is the engine's leaderPID.
 	leaderPID func() uint32
@@ -185,10 +186,10 @@ func newStateCollector() *stateCollector {
 	}
 }
 
-func (c *stateCollector) bind(pool *pgxpool.Pool, clock Clock, window time.Duration, leaderPID func() uint32, sequenceOf func(string) string) {
+func (c *stateCollector) bind(pool *pgxpool.Pool, clk clock.PassiveClock, window time.Duration, leaderPID func() uint32, sequenceOf func(string) string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.pool, c.clock, c.window, c.leaderPID, c.sequenceOf = pool, clock, window, leaderPID, sequenceOf
+	c.pool, c.clock, c.window, c.leaderPID, c.sequenceOf = pool, clk, window, leaderPID, sequenceOf
 }
 
 // Describe implements prometheus.Collector.
@@ -202,7 +203,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
-	pool, clock, window, leaderPID, sequenceOf := c.pool, c.clock, c.window, c.leaderPID, c.sequenceOf
+	pool, clk, window, leaderPID, sequenceOf := c.pool, c.clock, c.window, c.leaderPID, c.sequenceOf
 	c.mu.Unlock()
 	if pool == nil {
 		return
@@ -213,7 +214,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), stateScrapeTimeout)
 	defer cancel()
-	now := clock.Now()
+	now := clk.Now()
 	rows, err := pool.Query(ctx, stateCollectSQL, now, now.Add(window), int64(pid),
 		housekeepingLockKey>>32, housekeepingLockKey&0xffff_ffff)
 	if err != nil {

@@ -88,7 +88,7 @@ func TestMetricsReportDatabaseStateAndEngineEvents(t *testing.T) {
 	}
 
 	// Past retain_until (1h), before remove_after (retain_until + 1h): marked, not deleted.
-	h.clock.Advance(90 * time.Minute)
+	h.clock.Step(90 * time.Minute)
 	if _, err := e.Housekeep(context.Background(), HousekeepingConfig{ExpiryDelay: time.Hour, BatchSize: 10, MaxDuration: time.Minute}, &recordingDeadLetterer{}); err != nil {
 		t.Fatal(err)
 	}

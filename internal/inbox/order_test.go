@@ -144,7 +144,7 @@ func TestRecordingModeDeliversAtOnceThenSequencingBuffers(t *testing.T) {
 		t.Fatalf("instance = %s, want CLOSED once complete", s)
 	}
 
-	clock.Advance(2 * time.Hour)
+	clock.Step(2 * time.Hour)
 	if res := h.process(h.rec("C", "C2", "active")); res.Outcome != Buffered {
 		t.Fatalf("C after sequencingStartTime = %v, want Buffered", res.Outcome)
 	}

@@ -28,7 +28,7 @@ func TestLateDuplicateOfAClosedInstanceIsRecognisedUntilItsWindowHasPassed(t *te
 	hc := HousekeepingConfig{ExpiryDelay: time.Minute, BatchSize: 10, MaxDuration: time.Hour}
 
 	// 90 minutes after closing: past the retention (1h from creation), inside the window (2h from closing).
-	h.clock.Advance(90 * time.Minute)
+	h.clock.Step(90 * time.Minute)
 	if rep := h.housekeep(hc, &recordingDeadLetterer{}); rep != (HousekeepingReport{Leader: true, Finished: true}) {
 		t.Fatalf("run inside the window = %+v, want nothing deleted or marked", rep)
 	}
@@ -50,7 +50,7 @@ func TestLateDuplicateOfAClosedInstanceIsRecognisedUntilItsWindowHasPassed(t *te
 	}
 
 	// Exactly two hours after closing the window has passed: the instance goes with its claims.
-	h.clock.Advance(30 * time.Minute)
+	h.clock.Step(30 * time.Minute)
 	if rep := h.housekeep(hc, &recordingDeadLetterer{}); rep != (HousekeepingReport{Leader: true, Finished: true, DeletedClosed: 1}) {
 		t.Fatalf("run at the end of the window = %+v, want the closed instance deleted", rep)
 	}
@@ -77,7 +77,7 @@ func TestClosingAMarkedInstanceStartsItsWindow(t *testing.T) {
 	h.process(h.rec("A", "A1", "late"))
 	h.process(h.rec("B", "B1", "late"))
 	hc := HousekeepingConfig{ExpiryDelay: time.Hour, BatchSize: 10, MaxDuration: time.Hour}
-	h.clock.Advance(61 * time.Minute)
+	h.clock.Step(61 * time.Minute)
 	if rep := h.housekeep(hc, &recordingDeadLetterer{}); rep.MarkedExpired != 1 {
 		t.Fatalf("run past the retention = %+v, want the open instance marked", rep)
 	}
@@ -86,14 +86,14 @@ func TestClosingAMarkedInstanceStartsItsWindow(t *testing.T) {
 		t.Fatalf("instance = %q, want CLOSED by C", s)
 	}
 	// Past the expiry removal time (retain_until + 1h), inside the window (2h from closing).
-	h.clock.Advance(90 * time.Minute)
+	h.clock.Step(90 * time.Minute)
 	if rep := h.housekeep(hc, &recordingDeadLetterer{}); rep.DeletedClosed != 0 || rep.DeletedExpired != 0 {
 		t.Fatalf("run inside the window = %+v, want nothing deleted", rep)
 	}
 	if res := h.process(h.rec("A", "A1", "late")); res.Outcome != Duplicate {
 		t.Fatalf("late duplicate = %v, want Duplicate", res.Outcome)
 	}
-	h.clock.Advance(30 * time.Minute)
+	h.clock.Step(30 * time.Minute)
 	if rep := h.housekeep(hc, &recordingDeadLetterer{}); rep.DeletedClosed != 1 {
 		t.Fatalf("run after the window = %+v, want the closed instance deleted", rep)
 	}
@@ -127,7 +127,7 @@ func TestClosedInstanceWithoutWindowGetsItsSequencesWindow(t *testing.T) {
 	if res := h.process(h.rec("C", "C1", "old")); res.Outcome != Duplicate {
 		t.Fatalf("duplicate inside the window = %v, want Duplicate", res.Outcome)
 	}
-	h.clock.Advance(90 * time.Minute)
+	h.clock.Step(90 * time.Minute)
 	if rep := h.housekeep(hc, &recordingDeadLetterer{}); rep.DeletedClosed != 1 || rep.WindowedClosed != 0 {
 		t.Fatalf("run after the window = %+v, want the chain instance deleted", rep)
 	}
