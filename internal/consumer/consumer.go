@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"sync"
@@ -28,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
@@ -265,10 +267,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		"recordTimeout", c.recordTimeout, "listenerDeadline", deadline, "maxBufferedBytes", c.backlog.limit, "engine", c.build.engineVersion, "claimProtocol", c.build.claimProtocol,
 		"groupProtocol", c.group.protocol)
 	p := &processor{c: c, engine: engine, publisher: publisher}
-	for attempt := 0; ; attempt++ {
-		if !c.awaitFence(ctx) {
-			break
-		}
+	backoff := retryBackoff()
+	for c.awaitFence(ctx) {
 		sctx, cancel := context.WithCancel(ctx)
 		stopOnKill := context.AfterFunc(c.work, cancel)
 		go c.cancelWhenFenceCloses(sctx, cancel)
@@ -280,12 +280,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		if err != nil {
 			c.log.Error(err, "consumer group session failed; starting a new one")
-			if !c.sleep(ctx, backoff(attempt)) {
+			if !c.sleep(ctx, backoff.Step()) {
 				break
 			}
 			continue
 		}
-		attempt = 0
+		backoff = retryBackoff()
 	}
 	if c.killed.Load() {
 		return ErrKilled
@@ -476,14 +476,8 @@ func (c *Consumer) sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// backoff is the wait before retry number attempt (0-based): retryMin doubling up to retryMax.
-func backoff(attempt int) time.Duration {
-	d := retryMin
-	for range attempt {
-		if d >= retryMax {
-			break
-		}
-		d *= 2
-	}
-	return min(d, retryMax)
+// retryBackoff is the waits between the retries of one failing thing (a session, a record, a
+// dead letter): retryMin doubling up to retryMax.
+func retryBackoff() wait.Backoff {
+	return wait.Backoff{Duration: retryMin, Factor: 2, Steps: math.MaxInt32, Cap: retryMax}
 }

@@ -172,8 +172,9 @@ func (p *processor) handle(w *worker, r *kgo.Record, rec inbox.Record, err error
 		return p.deadLetterRecord(w, r, rec, class, cause, ev)
 	}
 	defer c.blocked.ended(r)
+	backoff := retryBackoff()
 	for attempt := 0; ; attempt++ {
-		if attempt > 0 && !w.wait(backoff(attempt-1)) {
+		if attempt > 0 && !w.wait(backoff.Step()) {
 			return false
 		}
 		res, listenerCut, err := p.process(w, rec)
@@ -343,8 +344,9 @@ func (p *processor) deadLetterRecord(w *worker, r *kgo.Record, rec inbox.Record,
 // publish produces a dead letter, retrying until the broker has it; false when abandoned (then
 // the record's offset must not be committed: the letter may be lost otherwise).
 func (p *processor) publish(w *worker, l deadletter.Letter) bool {
+	backoff := retryBackoff()
 	for attempt := 0; ; attempt++ {
-		if attempt > 0 && !w.wait(backoff(attempt-1)) {
+		if attempt > 0 && !w.wait(backoff.Step()) {
 			return false
 		}
 		ctx, cancel := context.WithTimeout(p.c.work, min(publishTimeout, p.c.recordTimeout))

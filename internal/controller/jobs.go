@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -128,19 +130,21 @@ func (r *Reconciler) runJob(ctx context.Context, s *scope, req jobRequest) (jobO
 func (r *Reconciler) failAttempt(s *scope, run *v1alpha1.JobRunStatus, message string) jobOutcome {
 	run.Failures++
 	run.LastFailure, run.LastFailureReason = truncate(message), ""
-	wait := r.backoff(run.Failures)
-	r.event(s.inbox, corev1.EventTypeWarning, "JobFailed", "RunJob", "%s; attempt %d follows in %s", message, run.Attempt+1, wait)
-	startNextAttempt(run, &metav1.Time{Time: s.now.Add(wait)})
-	return jobOutcome{state: jobBackingOff, retryIn: wait}
+	pause := r.retryIn(run.Failures)
+	r.event(s.inbox, corev1.EventTypeWarning, "JobFailed", "RunJob", "%s; attempt %d follows in %s", message, run.Attempt+1, pause)
+	startNextAttempt(run, &metav1.Time{Time: s.now.Add(pause)})
+	return jobOutcome{state: jobBackingOff, retryIn: pause}
 }
 
-// backoff is the wait after the n-th consecutive failure: RetryBase doubled per failure, capped.
-func (r *Reconciler) backoff(failures int32) time.Duration {
-	wait := r.RetryBase
-	for i := int32(1); i < failures && wait < r.RetryMax; i++ {
-		wait *= 2
+// retryIn is the wait after the n-th consecutive failure of a Job: RetryBase doubled per failure,
+// capped at RetryMax. The count lives in the status, so the backoff is stepped to it on each pass.
+func (r *Reconciler) retryIn(failures int32) time.Duration {
+	backoff := wait.Backoff{Duration: min(r.RetryBase, r.RetryMax), Factor: 2, Steps: math.MaxInt32, Cap: r.RetryMax}
+	var pause time.Duration
+	for range failures {
+		pause = backoff.Step()
 	}
-	return min(wait, r.RetryMax)
+	return pause
 }
 
 // jobFinished reads the Job's terminal condition.

@@ -11,7 +11,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math/rand/v2"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -20,6 +20,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/seqinbox/seqinbox/internal/inbox"
 )
@@ -61,8 +62,10 @@ type Config struct {
 func (c Config) Deadline() time.Duration {
 	c = c.withDefaults()
 	total := time.Duration(c.Retries+1) * c.Timeout
-	for retry := 1; retry <= c.Retries; retry++ {
-		total += c.backoff(retry)
+	b := c.backoff()
+	b.Jitter = 0
+	for range c.Retries {
+		total += 2 * b.Step()
 	}
 	return total
 }
@@ -74,13 +77,11 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// backoff is the upper bound of the wait before the given retry (1-based).
-func (c Config) backoff(retry int) time.Duration {
-	d := c.InitialBackoff
-	for i := 1; i < retry && d < c.MaxBackoff; i++ {
-		d *= 2
-	}
-	return min(d, c.MaxBackoff)
+// backoff is the waits of one delivery's retries: InitialBackoff doubling up to MaxBackoff, each
+// wait drawn from its upper half, so that the retries of many consumers spread out and no wait
+// is longer than its bound (Deadline counts the bound).
+func (c Config) backoff() wait.Backoff {
+	return wait.Backoff{Duration: min(c.InitialBackoff, c.MaxBackoff) / 2, Factor: 2, Jitter: 1, Steps: math.MaxInt32, Cap: c.MaxBackoff / 2}
 }
 
 // Sink is the HTTP listener. It shares one client (and its connection pool) among all
@@ -165,14 +166,15 @@ func (e *Error) Unwrap() error { return e.Err }
 func (s *Sink) Deliver(ctx context.Context, m inbox.Message) error {
 	header := s.headers(m)
 	var last *attemptError
+	backoff := s.cfg.backoff()
 	for attempt := 1; ; attempt++ {
 		if attempt > 1 {
-			wait := s.jittered(s.cfg.backoff(attempt - 1))
-			if last.retryAfter > wait {
-				wait = min(last.retryAfter, s.cfg.MaxBackoff)
+			pause := backoff.Step()
+			if last.retryAfter > pause {
+				pause = min(last.retryAfter, s.cfg.MaxBackoff)
 			}
 			s.metrics.retries.Inc()
-			if err := sleep(ctx, wait); err != nil {
+			if err := sleep(ctx, pause); err != nil {
 				return s.failed(m, &Error{Attempts: attempt - 1, StatusCode: last.status, Retryable: true, Err: fmt.Errorf("%w (retry abandoned: %w)", last.err, err)})
 			}
 		}
@@ -256,15 +258,6 @@ func retryAfter(v string) time.Duration {
 		return 0
 	}
 	return time.Duration(secs) * time.Second
-}
-
-// jittered returns a wait in [d/2, d): spread retries of many consumers, never wait longer than d.
-func (s *Sink) jittered(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	half := d / 2
-	return half + rand.N(d-half)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -240,6 +240,34 @@ func TestConfigDeadline(t *testing.T) {
 	}
 }
 
+// TestBackoffWaitsStayInTheUpperHalfOfTheirBound: the wait before retry n is drawn from
+// [b/2, b] with b = InitialBackoff doubled n-1 times and capped at MaxBackoff, so retries of many
+// consumers spread out and Deadline, which counts every b, is never exceeded.
+func TestBackoffWaitsStayInTheUpperHalfOfTheirBound(t *testing.T) {
+	tests := []struct {
+		name   string
+		cfg    Config
+		bounds []time.Duration
+	}{
+		{"doubling", Config{InitialBackoff: 200 * time.Millisecond}.withDefaults(),
+			[]time.Duration{200 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond, 1600 * time.Millisecond}},
+		{"capped", Config{InitialBackoff: 20 * time.Second, MaxBackoff: 30 * time.Second},
+			[]time.Duration{20 * time.Second, 30 * time.Second, 30 * time.Second}},
+		{"initial above the cap", Config{InitialBackoff: time.Hour}.withDefaults(),
+			[]time.Duration{30 * time.Second, 30 * time.Second}},
+	}
+	for _, tt := range tests {
+		for range 200 {
+			b := tt.cfg.backoff()
+			for i, bound := range tt.bounds {
+				if got := b.Step(); got < bound/2 || got > bound {
+					t.Fatalf("%s: wait before retry %d = %s, want within [%s, %s]", tt.name, i+1, got, bound/2, bound)
+				}
+			}
+		}
+	}
+}
+
 func TestNewRejectsBadConfig(t *testing.T) {
 	tests := []struct {
 		name string
