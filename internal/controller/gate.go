@@ -23,8 +23,12 @@ import (
 // until their pods are gone, the Kafka consumer group has no members and the database registry
 // lists no live consumer of another protocol → migrate → start the new version.
 //
-// Each wait is a policy: a small function of the observed gateInput that says whether it blocks
-// and why. The first blocking policy becomes the RolloutBlocked condition.
+// Each wait is a policy: a small function of the observed gateInput that returns a verdict: pass,
+// or block with a reason, a message and when to look again. The policies form one chain, evaluated
+// once per pass; before a policy the reconciler does what the policy needs (stop the old
+// consumers, read the consumer group, read the registry), so that nothing is done or read before
+// the policies ahead of it passed. The first blocking verdict becomes the RolloutBlocked
+// condition, and the reconciler acts on the verdict alone.
 
 // gateInput is what the rollout gate decides on; gateRollout observes it, the policies only read it.
 type gateInput struct {
@@ -39,6 +43,8 @@ type gateInput struct {
 	pods     []string
 	group    groupView
 	registry registryView
+	// pollInterval is how often what no watch reports (the consumer group, the registry) is read again.
+	pollInterval time.Duration
 }
 
 // groupView is what the Kafka consumer group looked like.
@@ -59,22 +65,61 @@ type registryView struct {
 	// current is true when the report is the current probe attempt's, false when it is the
 	// previous attempt's while a newer read runs.
 	current bool
+	// retryIn is how long the current probe attempt still waits for its backoff.
+	retryIn time.Duration
 }
 
-// rolloutPolicy blocks a rollout with a reason and a message for a person.
-type rolloutPolicy func(in gateInput) (reason, message string, blocked bool)
+// verdict is what a rollout policy decides: pass (the zero value), or block with a reason, a
+// message for a person and when to look again.
+type verdict struct {
+	blocked bool
+	reason  string
+	message string
+	// requeueAfter is when to look again; zero waits for a watched object to change.
+	requeueAfter time.Duration
+	// rereadRegistry asks for a new registry read at requeueAfter: heartbeats expire and
+	// consumers deregister without any watched object changing.
+	rereadRegistry bool
+}
 
-// rolloutPolicies are evaluated in this order once a rollout cannot be proven compatible.
-var rolloutPolicies = []rolloutPolicy{awaitApproval, awaitOldPodsGone, awaitEmptyConsumerGroup, awaitRegistryClear}
+// blockedBy is a blocking verdict that waits for a watched object to change.
+func blockedBy(reason, message string) verdict {
+	return verdict{blocked: true, reason: reason, message: message}
+}
 
-// evaluate returns the first blocking policy's verdict.
-func evaluate(policies []rolloutPolicy, in gateInput) (reason, message string, blocked bool) {
-	for _, policy := range policies {
-		if reason, message, blocked := policy(in); blocked {
-			return reason, message, true
+// rolloutPolicy decides one wait of the rollout gate from the observed input.
+type rolloutPolicy func(in gateInput) verdict
+
+// gateStep is one link of the rollout gate's chain: what the reconciler does or observes before
+// the policy can decide (nil when gateInput holds it from the start), then the policy.
+type gateStep struct {
+	prepare func(ctx context.Context, s *scope, in *gateInput) error
+	policy  rolloutPolicy
+}
+
+// rolloutChain is the gate's chain, in order, once a rollout cannot be proven compatible.
+func (r *Reconciler) rolloutChain() []gateStep {
+	return []gateStep{
+		{policy: awaitApproval},
+		{prepare: r.stopOldConsumers, policy: awaitOldPodsGone},
+		{prepare: r.readConsumerGroup, policy: awaitEmptyConsumerGroup},
+		{prepare: r.readRegistry, policy: awaitRegistryClear},
+	}
+}
+
+// evaluate runs the chain and returns the first blocking verdict, or a passing one.
+func evaluate(ctx context.Context, s *scope, chain []gateStep, in *gateInput) (verdict, error) {
+	for _, step := range chain {
+		if step.prepare != nil {
+			if err := step.prepare(ctx, s, in); err != nil {
+				return verdict{}, err
+			}
+		}
+		if v := step.policy(*in); v.blocked {
+			return v, nil
 		}
 	}
-	return "", "", false
+	return verdict{}, nil
 }
 
 // sameClaimProtocol proves a rollout compatible: the running consumers' claim protocol is known
@@ -92,44 +137,54 @@ func oldConsumersRun(in gateInput) bool { return in.replicas > 0 || len(in.pods)
 
 // awaitApproval blocks a Supervised rollout that would stop running consumers until the approval
 // annotation names the target engine version.
-func awaitApproval(in gateInput) (string, string, bool) {
+func awaitApproval(in gateInput) verdict {
 	if in.strategy != v1alpha1.UpgradeSupervised || !oldConsumersRun(in) || in.approval == in.target.Version {
-		return "", "", false
+		return verdict{}
 	}
-	return v1alpha1.AwaitingApprovalReason, fmt.Sprintf(
+	return blockedBy(v1alpha1.AwaitingApprovalReason, fmt.Sprintf(
 		"Engine %s (claim protocol %s) cannot run next to the running %s; the Supervised rollout stops the old consumers "+
 			"once approved: kubectl annotate sequentialinbox %s %s=%s",
-		in.target.Version, in.target.ClaimProtocol, describeRunning(in.running), in.inbox, v1alpha1.ApproveRolloutAnnotation, in.target.Version), true
+		in.target.Version, in.target.ClaimProtocol, describeRunning(in.running), in.inbox, v1alpha1.ApproveRolloutAnnotation, in.target.Version))
 }
 
 // awaitOldPodsGone blocks while consumer pods of the inbox exist.
-func awaitOldPodsGone(in gateInput) (string, string, bool) {
+func awaitOldPodsGone(in gateInput) verdict {
 	if len(in.pods) == 0 {
-		return "", "", false
+		return verdict{}
 	}
-	return v1alpha1.WaitingForOldPodsReason, fmt.Sprintf("Waiting for %d consumer pod(s) of %s to terminate: %s.",
-		len(in.pods), describeRunning(in.running), strings.Join(in.pods, ", ")), true
+	return blockedBy(v1alpha1.WaitingForOldPodsReason, fmt.Sprintf("Waiting for %d consumer pod(s) of %s to terminate: %s.",
+		len(in.pods), describeRunning(in.running), strings.Join(in.pods, ", ")))
 }
 
-// awaitEmptyConsumerGroup blocks while the Kafka consumer group has members (or could not be read).
-func awaitEmptyConsumerGroup(in gateInput) (string, string, bool) {
+// awaitEmptyConsumerGroup blocks while the Kafka consumer group has members (or could not be
+// read), and looks again after the poll interval: no watch reports the group.
+func awaitEmptyConsumerGroup(in gateInput) verdict {
+	var v verdict
 	switch {
 	case in.group.err != nil:
-		return v1alpha1.ConsumerGroupUnknownReason, fmt.Sprintf("Cannot read the members of the Kafka consumer group: %v.", in.group.err), true
+		v = blockedBy(v1alpha1.ConsumerGroupUnknownReason, fmt.Sprintf("Cannot read the members of the Kafka consumer group: %v.", in.group.err))
 	case !in.group.checked:
-		return v1alpha1.ConsumerGroupUnknownReason, "The Kafka consumer group was not read yet.", true
+		v = blockedBy(v1alpha1.ConsumerGroupUnknownReason, "The Kafka consumer group was not read yet.")
 	case len(in.group.members) > 0:
-		return v1alpha1.WaitingForConsumerGroupReason, fmt.Sprintf("Waiting for %d member(s) to leave the Kafka consumer group: %s.",
-			len(in.group.members), describeMembers(in.group.members)), true
+		v = blockedBy(v1alpha1.WaitingForConsumerGroupReason, fmt.Sprintf("Waiting for %d member(s) to leave the Kafka consumer group: %s.",
+			len(in.group.members), describeMembers(in.group.members)))
+	default:
+		return verdict{}
 	}
-	return "", "", false
+	v.requeueAfter = in.pollInterval
+	return v
 }
 
 // awaitRegistryClear blocks until a registry read taken after the stop lists no live consumer of
-// another claim protocol.
-func awaitRegistryClear(in gateInput) (string, string, bool) {
+// another claim protocol. A current read that still lists some is read again after the poll
+// interval; otherwise the gate looks again when the probe's backoff ends or its Job changes.
+func awaitRegistryClear(in gateInput) verdict {
+	waitForProbe := func(v verdict) verdict {
+		v.requeueAfter = max(in.registry.retryIn, 0)
+		return v
+	}
 	if !in.registry.checked {
-		return v1alpha1.CheckingRegistryReason, in.registry.pending, true
+		return waitForProbe(blockedBy(v1alpha1.CheckingRegistryReason, in.registry.pending))
 	}
 	var others []string
 	for _, c := range in.registry.live {
@@ -138,14 +193,21 @@ func awaitRegistryClear(in gateInput) (string, string, bool) {
 				c.InstanceID, c.EngineVersion, c.ClaimProtocol, c.HeartbeatAt.UTC().Format(time.RFC3339)))
 		}
 	}
+	var v verdict
 	switch {
 	case len(others) > 0:
-		return v1alpha1.WaitingForRegistryReason, fmt.Sprintf("The database registry lists %d live consumer(s) of another claim protocol: %s.",
-			len(others), strings.Join(others, ", ")), true
+		v = blockedBy(v1alpha1.WaitingForRegistryReason, fmt.Sprintf("The database registry lists %d live consumer(s) of another claim protocol: %s.",
+			len(others), strings.Join(others, ", ")))
 	case in.registry.truncated:
-		return v1alpha1.WaitingForRegistryReason, "The database registry lists more live consumers than the report holds; waiting until it shrinks.", true
+		v = blockedBy(v1alpha1.WaitingForRegistryReason, "The database registry lists more live consumers than the report holds; waiting until it shrinks.")
+	default:
+		return verdict{}
 	}
-	return "", "", false
+	if !in.registry.current {
+		return waitForProbe(v)
+	}
+	v.requeueAfter, v.rereadRegistry = in.pollInterval, true
+	return v
 }
 
 func describeRunning(e engine) string {
@@ -162,17 +224,18 @@ func orUnknown(s string) string {
 	return s
 }
 
-// gateRollout lets the rollout proceed when it is proven compatible or the old consumers are gone,
-// stopping them when allowed.
+// gateRollout lets the rollout proceed when it is proven compatible or the rollout chain passes,
+// and otherwise acts on the chain's verdict.
 func (r *Reconciler) gateRollout(ctx context.Context, s *scope) (phaseResult, error) {
 	in := gateInput{
-		strategy: s.inbox.Spec.UpgradeStrategy,
-		approval: s.inbox.Annotations[v1alpha1.ApproveRolloutAnnotation],
-		inbox:    s.inbox.Name,
-		running:  s.running,
-		target:   s.target,
-		replicas: desiredReplicas(s.deployment),
-		pods:     podNames(s.consumerPods),
+		strategy:     s.inbox.Spec.UpgradeStrategy,
+		approval:     s.inbox.Annotations[v1alpha1.ApproveRolloutAnnotation],
+		inbox:        s.inbox.Name,
+		running:      s.running,
+		target:       s.target,
+		replicas:     desiredReplicas(s.deployment),
+		pods:         podNames(s.consumerPods),
+		pollInterval: r.PollInterval,
 	}
 	if sameClaimProtocol(in) {
 		s.setCondition(rolloutBlockedCondition(v1alpha1.SameClaimProtocolReason, fmt.Sprintf(
@@ -180,51 +243,49 @@ func (r *Reconciler) gateRollout(ctx context.Context, s *scope) (phaseResult, er
 			in.target.Version, in.target.ClaimProtocol, in.target.GroupProtocol), false))
 		return proceed, nil
 	}
-	if reason, message, blocked := awaitApproval(in); blocked {
-		return r.block(s, reason, message, waitForEvent()), nil
-	}
-	if err := r.stopConsumers(ctx, s, fmt.Sprintf("engine %s (claim protocol %s) starts only after %s stopped",
-		in.target.Version, in.target.ClaimProtocol, describeRunning(in.running))); err != nil {
+	v, err := evaluate(ctx, s, r.rolloutChain(), &in)
+	if err != nil {
 		return proceed, err
 	}
-	if len(in.pods) == 0 {
-		in.group = r.observeGroup(ctx, s)
-	}
-	if len(in.pods) == 0 && in.group.checked && len(in.group.members) == 0 {
-		view, err := r.observeRegistry(ctx, s)
-		if err != nil {
-			return proceed, err
-		}
-		in.registry = view
-	}
-	reason, message, blocked := evaluate(rolloutPolicies, in)
-	if !blocked {
+	if !v.blocked {
 		s.setCondition(rolloutBlockedCondition(v1alpha1.NoOtherConsumersReason, fmt.Sprintf(
 			"No consumer of another claim protocol runs (pods gone, consumer group empty, registry clear); engine %s may start.",
 			in.target.Version), false))
 		return proceed, nil
 	}
-	next := waitForEvent()
-	switch {
-	case reason == v1alpha1.WaitingForConsumerGroupReason || reason == v1alpha1.ConsumerGroupUnknownReason:
-		next = requeueAfter(r.PollInterval)
-	case reason == v1alpha1.WaitingForRegistryReason && in.registry.current:
-		// Heartbeats expire and consumers deregister: read the registry again after a while.
-		startNextAttempt(s.inbox.Status.Probe, &metav1.Time{Time: s.now.Add(r.PollInterval)})
-		next = requeueAfter(r.PollInterval)
-	case reason == v1alpha1.WaitingForRegistryReason || reason == v1alpha1.CheckingRegistryReason:
-		if d := probeRetryIn(s); d > 0 {
-			next = requeueAfter(d)
-		}
+	if v.rereadRegistry {
+		startNextAttempt(s.inbox.Status.Probe, &metav1.Time{Time: s.now.Add(v.requeueAfter)})
 	}
-	return r.block(s, reason, message, next), nil
+	s.setCondition(rolloutBlockedCondition(v.reason, v.message, true))
+	s.wait(v.reason, v.message)
+	if v.requeueAfter > 0 {
+		return requeueAfter(v.requeueAfter), nil
+	}
+	return waitForEvent(), nil
 }
 
-// block records a blocking verdict.
-func (r *Reconciler) block(s *scope, reason, message string, next phaseResult) phaseResult {
-	s.setCondition(rolloutBlockedCondition(reason, message, true))
-	s.wait(reason, message)
-	return next
+// stopOldConsumers is the gate's step before awaitOldPodsGone: the rollout passed its approval,
+// so the old consumers are stopped.
+func (r *Reconciler) stopOldConsumers(ctx context.Context, s *scope, in *gateInput) error {
+	return r.stopConsumers(ctx, s, fmt.Sprintf("engine %s (claim protocol %s) starts only after %s stopped",
+		in.target.Version, in.target.ClaimProtocol, describeRunning(in.running)))
+}
+
+// readConsumerGroup is the gate's step before awaitEmptyConsumerGroup: the pods are gone.
+func (r *Reconciler) readConsumerGroup(ctx context.Context, s *scope, in *gateInput) error {
+	in.group = r.observeGroup(ctx, s)
+	return nil
+}
+
+// readRegistry is the gate's step before awaitRegistryClear: the consumer group is empty.
+func (r *Reconciler) readRegistry(ctx context.Context, s *scope, in *gateInput) error {
+	view, err := r.observeRegistry(ctx, s)
+	if err != nil {
+		return err
+	}
+	view.retryIn = probeRetryIn(s)
+	in.registry = view
+	return nil
 }
 
 // observeGroup reads the members of the inbox's Kafka consumer group.

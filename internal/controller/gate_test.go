@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -74,19 +75,22 @@ func TestAwaitApproval(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			in := drained(engineV1, engineV2)
 			in.strategy, in.approval, in.replicas, in.pods = tc.strategy, tc.approval, tc.replicas, tc.pods
-			reason, message, blocked := awaitApproval(in)
-			if blocked != tc.wantBlocked {
-				t.Fatalf("awaitApproval() blocked = %v (%s), want %v", blocked, message, tc.wantBlocked)
+			v := awaitApproval(in)
+			if v.blocked != tc.wantBlocked {
+				t.Fatalf("awaitApproval() blocked = %v (%s), want %v", v.blocked, v.message, tc.wantBlocked)
 			}
-			if !blocked {
+			if !v.blocked {
 				return
 			}
-			if reason != v1alpha1.AwaitingApprovalReason {
-				t.Errorf("reason = %q, want %q", reason, v1alpha1.AwaitingApprovalReason)
+			if v.reason != v1alpha1.AwaitingApprovalReason {
+				t.Errorf("reason = %q, want %q", v.reason, v1alpha1.AwaitingApprovalReason)
 			}
 			wantCommand := "kubectl annotate sequentialinbox orders inbox.seqinbox.dev/approve-rollout=v2.0.0"
-			if !strings.Contains(message, wantCommand) {
-				t.Errorf("message %q does not say how to approve (%q)", message, wantCommand)
+			if !strings.Contains(v.message, wantCommand) {
+				t.Errorf("message %q does not say how to approve (%q)", v.message, wantCommand)
+			}
+			if v.requeueAfter != 0 {
+				t.Errorf("requeue after %s, want none: the approval is a change of the inbox, which is watched", v.requeueAfter)
 			}
 		})
 	}
@@ -94,17 +98,17 @@ func TestAwaitApproval(t *testing.T) {
 
 func TestAwaitOldPodsGoneNamesThePods(t *testing.T) {
 	in := drained(engineV1, engineV2)
-	if _, _, blocked := awaitOldPodsGone(in); blocked {
+	if awaitOldPodsGone(in).blocked {
 		t.Fatal("blocked without pods")
 	}
 	in.pods = []string{"orders-consumer-abc", "orders-consumer-def"}
-	reason, message, blocked := awaitOldPodsGone(in)
-	if !blocked || reason != v1alpha1.WaitingForOldPodsReason {
-		t.Fatalf("awaitOldPodsGone() = %q, %v; want %q, blocked", reason, blocked, v1alpha1.WaitingForOldPodsReason)
+	v := awaitOldPodsGone(in)
+	if !v.blocked || v.reason != v1alpha1.WaitingForOldPodsReason {
+		t.Fatalf("awaitOldPodsGone() = %q, %v; want %q, blocked", v.reason, v.blocked, v1alpha1.WaitingForOldPodsReason)
 	}
 	for _, pod := range in.pods {
-		if !strings.Contains(message, pod) {
-			t.Errorf("message %q does not name pod %s", message, pod)
+		if !strings.Contains(v.message, pod) {
+			t.Errorf("message %q does not name pod %s", v.message, pod)
 		}
 	}
 }
@@ -126,13 +130,16 @@ func TestAwaitEmptyConsumerGroup(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			in := drained(engineV1, engineV2)
-			in.group = tc.group
-			reason, message, blocked := awaitEmptyConsumerGroup(in)
-			if blocked != (tc.wantReason != "") || reason != tc.wantReason {
-				t.Fatalf("awaitEmptyConsumerGroup() = %q, %v; want %q", reason, blocked, tc.wantReason)
+			in.group, in.pollInterval = tc.group, time.Minute
+			v := awaitEmptyConsumerGroup(in)
+			if v.blocked != (tc.wantReason != "") || v.reason != tc.wantReason {
+				t.Fatalf("awaitEmptyConsumerGroup() = %q, %v; want %q", v.reason, v.blocked, tc.wantReason)
 			}
-			if !strings.Contains(message, tc.wantMention) {
-				t.Errorf("message %q does not mention %q", message, tc.wantMention)
+			if !strings.Contains(v.message, tc.wantMention) {
+				t.Errorf("message %q does not mention %q", v.message, tc.wantMention)
+			}
+			if v.blocked && v.requeueAfter != time.Minute {
+				t.Errorf("requeue after %s, want the poll interval: no watch reports the group", v.requeueAfter)
 			}
 		})
 	}
@@ -147,29 +154,40 @@ func TestAwaitRegistryClear(t *testing.T) {
 		registry    registryView
 		wantReason  string
 		wantMention string
+		// wantRequeue and wantReread say when and how the gate looks again.
+		wantRequeue time.Duration
+		wantReread  bool
 	}{
-		{name: "no live consumer passes", registry: registryView{checked: true}},
-		{name: "a live consumer of the target protocol passes", registry: registryView{checked: true, live: []migrations.LiveConsumer{newConsumer}}},
-		{name: "a live consumer of the old protocol blocks and is named", registry: registryView{checked: true, live: []migrations.LiveConsumer{newConsumer, oldConsumer}},
-			wantReason: v1alpha1.WaitingForRegistryReason, wantMention: "orders-consumer-abc (engine v1.0.0, protocol insert-first-v1, heartbeat 2026-05-01T12:00:00Z)"},
-		{name: "a truncated list proves nothing", registry: registryView{checked: true, truncated: true, live: []migrations.LiveConsumer{newConsumer}},
-			wantReason: v1alpha1.WaitingForRegistryReason, wantMention: "more live consumers"},
+		{name: "no live consumer passes", registry: registryView{checked: true, current: true}},
+		{name: "a live consumer of the target protocol passes", registry: registryView{checked: true, current: true, live: []migrations.LiveConsumer{newConsumer}}},
+		{name: "a live consumer of the old protocol blocks and is named", registry: registryView{checked: true, current: true, live: []migrations.LiveConsumer{newConsumer, oldConsumer}},
+			wantReason: v1alpha1.WaitingForRegistryReason, wantMention: "orders-consumer-abc (engine v1.0.0, protocol insert-first-v1, heartbeat 2026-05-01T12:00:00Z)",
+			wantRequeue: time.Minute, wantReread: true},
+		{name: "a truncated list proves nothing", registry: registryView{checked: true, current: true, truncated: true, live: []migrations.LiveConsumer{newConsumer}},
+			wantReason: v1alpha1.WaitingForRegistryReason, wantMention: "more live consumers", wantRequeue: time.Minute, wantReread: true},
+		{name: "the previous read stands while a newer one backs off", registry: registryView{checked: true, retryIn: 7 * time.Second, live: []migrations.LiveConsumer{oldConsumer}},
+			wantReason: v1alpha1.WaitingForRegistryReason, wantMention: "orders-consumer-abc", wantRequeue: 7 * time.Second},
 		{name: "no read after the stop yet", registry: registryView{pending: "Job orders-probe-x-2 reads the database registry."},
 			wantReason: v1alpha1.CheckingRegistryReason, wantMention: "orders-probe-x-2"},
+		{name: "the read after the stop backs off", registry: registryView{pending: "The probe failed.", retryIn: 7 * time.Second},
+			wantReason: v1alpha1.CheckingRegistryReason, wantMention: "probe failed", wantRequeue: 7 * time.Second},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			in := drained(engineV1, engineV2)
-			in.registry = tc.registry
-			reason, message, blocked := awaitRegistryClear(in)
-			if blocked != (tc.wantReason != "") || reason != tc.wantReason {
-				t.Fatalf("awaitRegistryClear() = %q, %v (%s); want %q", reason, blocked, message, tc.wantReason)
+			in.registry, in.pollInterval = tc.registry, time.Minute
+			v := awaitRegistryClear(in)
+			if v.blocked != (tc.wantReason != "") || v.reason != tc.wantReason {
+				t.Fatalf("awaitRegistryClear() = %q, %v (%s); want %q", v.reason, v.blocked, v.message, tc.wantReason)
 			}
-			if !strings.Contains(message, tc.wantMention) {
-				t.Errorf("message %q does not mention %q", message, tc.wantMention)
+			if !strings.Contains(v.message, tc.wantMention) {
+				t.Errorf("message %q does not mention %q", v.message, tc.wantMention)
 			}
-			if blocked && strings.Contains(message, "laptop") {
-				t.Errorf("message %q names a consumer of the target protocol", message)
+			if v.blocked && strings.Contains(v.message, "laptop") {
+				t.Errorf("message %q names a consumer of the target protocol", v.message)
+			}
+			if v.requeueAfter != tc.wantRequeue || v.rereadRegistry != tc.wantReread {
+				t.Errorf("looks again after %s (new read %v), want %s (new read %v)", v.requeueAfter, v.rereadRegistry, tc.wantRequeue, tc.wantReread)
 			}
 		})
 	}
@@ -194,12 +212,20 @@ func TestPolicyChainReportsTheFirstBlockingPolicyInOrder(t *testing.T) {
 		{name: "then the registry", fix: func(in *gateInput) { in.group.members = nil }, reason: v1alpha1.CheckingRegistryReason},
 		{name: "then nothing", fix: func(in *gateInput) { in.registry = registryView{checked: true} }, reason: ""},
 	}
+	// The chain's policies alone: the input already holds what the reconciler's steps observe.
+	chain := (&Reconciler{}).rolloutChain()
+	for i := range chain {
+		chain[i].prepare = nil
+	}
 	in := everything
 	for _, step := range steps {
 		step.fix(&in)
-		reason, _, blocked := evaluate(rolloutPolicies, in)
-		if reason != step.reason || blocked != (step.reason != "") {
-			t.Fatalf("%s: evaluate() = %q, %v; want %q", step.name, reason, blocked, step.reason)
+		v, err := evaluate(context.Background(), nil, chain, &in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.reason != step.reason || v.blocked != (step.reason != "") {
+			t.Fatalf("%s: evaluate() = %q, %v; want %q", step.name, v.reason, v.blocked, step.reason)
 		}
 	}
 }
