@@ -55,6 +55,9 @@ type scope struct {
 	waiting *note
 	// problems need a person's attention although the inbox may run (Degraded).
 	problems []note
+	// finalized is set once the deletion removed the finalizer: the inbox may be gone, and the
+	// pass writes no status.
+	finalized bool
 }
 
 // wait records why the pass stops here.

@@ -163,17 +163,18 @@ func podToInbox(_ context.Context, obj client.Object) []reconcile.Request {
 // phaseFunc is one step of a pass; see reconcilePhases.
 type phaseFunc func(ctx context.Context, s *scope) (phaseResult, error)
 
-// Reconcile is the outer reconcile: it fetches the inbox, handles deletion and the finalizer, runs
-// the phases and writes the status once, at the end.
+// Reconcile is the outer reconcile: it fetches the inbox, handles the finalizer, runs either the
+// phases or the deletion, and writes the status once, at the end, for both.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
 	inbox := &v1alpha1.SequentialInbox{}
 	if err := r.Client.Get(ctx, req.NamespacedName, inbox); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if !inbox.DeletionTimestamp.IsZero() {
-		return r.reconcileDelete(ctx, inbox)
-	}
-	if !controllerutil.ContainsFinalizer(inbox, finalizerName) {
+	deleting := !inbox.DeletionTimestamp.IsZero()
+	switch {
+	case deleting && !controllerutil.ContainsFinalizer(inbox, finalizerName):
+		return ctrl.Result{}, nil
+	case !deleting && !controllerutil.ContainsFinalizer(inbox, finalizerName):
 		before := inbox.DeepCopy()
 		controllerutil.AddFinalizer(inbox, finalizerName)
 		if err := r.Client.Patch(ctx, inbox, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
@@ -186,10 +187,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 	}
 	before := inbox.DeepCopy()
 	defer func() {
-		summarize(s)
+		if s.finalized {
+			// The finalizer is gone, and so may be the inbox: there is no status left to write.
+			return
+		}
+		if !deleting {
+			summarize(s)
+		}
 		exportConditions(s.inbox)
 		result, err = r.patchStatus(ctx, before, s.inbox, result, err)
 	}()
+	if deleting {
+		return r.reconcileDelete(ctx, s)
+	}
 	return r.reconcilePhases(ctx, s)
 }
 
@@ -234,34 +244,28 @@ func (r *Reconciler) observe(ctx context.Context, inbox *v1alpha1.SequentialInbo
 	return s, nil
 }
 
-// reconcileDelete stops the consumers and keeps the inbox until their pods are gone; the
-// database and its contents stay.
-func (r *Reconciler) reconcileDelete(ctx context.Context, inbox *v1alpha1.SequentialInbox) (ctrl.Result, error) {
-	if !controllerutil.ContainsFinalizer(inbox, finalizerName) {
-		return ctrl.Result{}, nil
-	}
-	s, err := r.observe(ctx, inbox)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
+// reconcileDelete is the inner reconcile of a deleted inbox: it stops the consumers and keeps the
+// inbox until their pods are gone (saying so in Ready and Progressing, which the outer reconcile
+// writes); the database and its contents stay.
+func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result, error) {
 	if err := r.stopConsumers(ctx, s, "the SequentialInbox is being deleted"); err != nil {
 		return ctrl.Result{}, err
 	}
 	if len(s.consumerPods) > 0 {
-		before := inbox.DeepCopy()
 		message := fmt.Sprintf("Waiting for %d consumer pod(s) to terminate before the SequentialInbox goes: %v.",
 			len(s.consumerPods), podNames(s.consumerPods))
 		s.setCondition(condition(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.DeletingReason, message))
 		s.setCondition(condition(v1alpha1.ConditionProgressing, metav1.ConditionTrue, v1alpha1.DeletingReason, message))
-		return r.patchStatus(ctx, before, inbox, ctrl.Result{RequeueAfter: r.PollInterval}, nil)
+		return ctrl.Result{RequeueAfter: r.PollInterval}, nil
 	}
-	before := inbox.DeepCopy()
-	controllerutil.RemoveFinalizer(inbox, finalizerName)
-	if err := r.Client.Patch(ctx, inbox, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+	before := s.inbox.DeepCopy()
+	controllerutil.RemoveFinalizer(s.inbox, finalizerName)
+	if err := r.Client.Patch(ctx, s.inbox, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		return ctrl.Result{}, fmt.Errorf("remove finalizer: %w", err)
 	}
-	forgetConditions(inbox)
-	r.event(inbox, corev1.EventTypeNormal, "ConsumersStopped", "Delete", "The consumers stopped; the database and its contents stay")
+	s.finalized = true
+	forgetConditions(s.inbox)
+	r.event(s.inbox, corev1.EventTypeNormal, "ConsumersStopped", "Delete", "The consumers stopped; the database and its contents stay")
 	return ctrl.Result{}, nil
 }
 
