@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -74,21 +75,32 @@ func blockedMessage(instance string, b migrations.BlockedRecord, now time.Time) 
 		strings.TrimSuffix(b.Error, "."))
 }
 
-// previousCheck returns the report of the last successful check: the attempt before the current
-// one, when it succeeded; nil otherwise.
+// previousCheck returns the report of the last successful check of the run (the Job kept by
+// deleteSupersededJobs), so that a check that runs or failed leaves its verdict standing; nil when
+// there is none.
 func (r *Reconciler) previousCheck(ctx context.Context, s *scope, run *v1alpha1.JobRunStatus) (*migrations.Report, error) {
-	if run.Attempt < 2 {
+	var jobs batchv1.JobList
+	if err := r.Client.List(ctx, &jobs, client.InNamespace(s.inbox.Namespace),
+		client.MatchingLabels(selectorLabels(s.inbox, componentRegistryCheck))); err != nil {
+		return nil, fmt.Errorf("list registry checks: %w", err)
+	}
+	var last *batchv1.Job
+	lastAttempt := 0
+	for i := range jobs.Items {
+		job := &jobs.Items[i]
+		attempt, err := strconv.Atoi(job.Annotations[annotationAttempt])
+		finished, failed, _ := jobFinished(job)
+		if err != nil || !finished || failed || job.Annotations[annotationJobKey] != run.Key || !metav1.IsControlledBy(job, s.inbox) {
+			continue
+		}
+		if attempt > lastAttempt {
+			last, lastAttempt = job, attempt
+		}
+	}
+	if last == nil {
 		return nil, nil
 	}
-	name := jobName(s.inbox, componentRegistryCheck, run.Key, run.Attempt-1)
-	var job batchv1.Job
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: s.inbox.Namespace, Name: name}, &job); err != nil {
-		return nil, client.IgnoreNotFound(err)
-	}
-	if finished, failed, _ := jobFinished(&job); !finished || failed || !metav1.IsControlledBy(&job, s.inbox) {
-		return nil, nil
-	}
-	report, err := r.readReport(ctx, s, name)
+	report, err := r.readReport(ctx, s, last.Name)
 	if err != nil {
 		return nil, nil //nolint:nilerr // an unreadable old report is no report; the next check decides
 	}

@@ -43,13 +43,22 @@ func TestRecordRetriedForLongDegradesTheInboxNamingItUntilTheRegistryIsClear(t *
 	}
 	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ConsumersReadyReason)
 
-	// The next check runs after the interval; until it has read the registry, the last one stands.
+	// The next check runs after the interval; while it runs, and after it failed, the last
+	// successful one stands.
 	h.clock.Step(h.r.RegistryCheckInterval)
 	h.reconcile("orders")
-	next := h.onlyJob("orders", componentRegistryCheck)
-	if next.Name == check.Name {
+	failing := h.onlyJob("orders", componentRegistryCheck)
+	if failing.Name == check.Name {
 		t.Fatalf("no new registry check after the interval")
 	}
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.PartitionBlockedReason, "offset 1234")
+	h.failJob(failing, "connection refused")
+	h.reconcile("orders")
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.PartitionBlockedReason, "offset 1234")
+
+	h.clock.Step(testRetryBase)
+	h.reconcile("orders")
+	next := h.onlyJob("orders", componentRegistryCheck)
 	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.PartitionBlockedReason, "offset 1234")
 	h.completeJob(next, migrations.LiveConsumer{InstanceID: "orders-consumer-0", ConsumerGroup: "orders", EngineVersion: "v1.0.0",
 		ClaimProtocol: "1", HeartbeatAt: h.clock.Now()})
