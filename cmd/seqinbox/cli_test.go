@@ -245,24 +245,8 @@ func TestActionOnAnUnmigratedDatabaseSaysToRunMigrate(t *testing.T) {
 	}
 }
 
-// buildSeqinbox builds the release binary (no build tags) into a temporary directory.
-func buildSeqinbox(t *testing.T) string {
-	t.Helper()
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "seqinbox")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/seqinbox")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/seqinbox: %v\n%s", err, out)
-	}
-	return bin
-}
-
 func TestTheBinaryExitsWithTheDocumentedCodes(t *testing.T) {
-	bin := buildSeqinbox(t)
+	bin := testenv.BuildSeqinbox(t)
 	tests := []struct {
 		args       []string
 		code       int
@@ -303,7 +287,7 @@ func TestTheBinaryExitsWithTheDocumentedCodes(t *testing.T) {
 }
 
 func TestTheReleaseBinaryLinksNoDevelopmentCommandsAndNoEmbeddedBroker(t *testing.T) {
-	bin := buildSeqinbox(t)
+	bin := testenv.BuildSeqinbox(t)
 
 	err := exec.Command(bin, "demo").Run()
 	var exit *exec.ExitError

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -79,12 +78,7 @@ func TestMakeDemoRunsToAVerdictThatHolds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(t.TempDir(), "seqinbox-dev")
-	build := exec.Command("go", "build", "-tags", "dev", "-o", bin, "./cmd/seqinbox")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags dev: %v\n%s", err, out)
-	}
+	bin := testenv.BuildSeqinbox(t, "dev")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	demo := exec.CommandContext(ctx, bin, "demo", "--database-url", server)

@@ -30,12 +30,8 @@ func docCommands(t *testing.T) []docCommand {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var cmds []docCommand
-	for _, page := range append([]string{filepath.Join(root, "README.md")}, pages...) {
+	for _, page := range testenv.DocPages(t) {
 		f, err := os.Open(page)
 		if err != nil {
 			t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -17,22 +16,6 @@ import (
 
 	"github.com/seqinbox/seqinbox/internal/testenv"
 )
-
-// buildBinary builds the seqinbox binary the consumers run, as `make demo` does.
-func buildBinary(t *testing.T) string {
-	t.Helper()
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "seqinbox")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/seqinbox")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/seqinbox: %v\n%s", err, out)
-	}
-	return bin
-}
 
 // databaseExists reports whether the server of dbURL has a database of that name.
 func databaseExists(t *testing.T, name string) bool {
@@ -69,7 +52,7 @@ func processesOf(t *testing.T, bin string) []string {
 // TestDemoDeliversEveryMessageOnceInSequenceOrder runs `make demo`'s code path: the built binary's
 // consumers in two consumer groups against the embedded broker and a temporary database.
 func TestDemoDeliversEveryMessageOnceInSequenceOrder(t *testing.T) {
-	bin := buildBinary(t)
+	bin := testenv.BuildSeqinbox(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var progress bytes.Buffer
@@ -172,7 +155,7 @@ func (c *cancelOn) Write(p []byte) (int, error) {
 }
 
 func TestDemoInterruptedStopsConsumersAndDropsItsDatabase(t *testing.T) {
-	bin := buildBinary(t)
+	bin := testenv.BuildSeqinbox(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	interrupt, stop := context.WithCancel(ctx)

@@ -144,22 +144,11 @@ func TestReadmeShowsTheSchemaVersionOfThisBuild(t *testing.T) {
 	}
 }
 
-// markdownFiles are the README and every page under docs/.
-func markdownFiles(t *testing.T) []string {
-	t.Helper()
-	root := repoRoot(t)
-	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return append([]string{filepath.Join(root, "README.md")}, pages...)
-}
-
 func TestEveryLinkStaysInsideTheRepositoryAndResolves(t *testing.T) {
 	root := repoRoot(t)
 	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	code := regexp.MustCompile("`[^`\n]*`")
-	for _, file := range markdownFiles(t) {
+	for _, file := range testenv.DocPages(t) {
 		for _, m := range link.FindAllStringSubmatch(code.ReplaceAllString(readFile(t, file), ""), -1) {
 			target, _, _ := strings.Cut(m[1], "#")
 			if target == "" {
@@ -188,7 +177,7 @@ func TestEveryLinkStaysInsideTheRepositoryAndResolves(t *testing.T) {
 func TestTheDocsIndexLinksEveryPage(t *testing.T) {
 	root := repoRoot(t)
 	index := readFile(t, filepath.Join(root, "docs", "README.md"))
-	for _, page := range markdownFiles(t)[1:] {
+	for _, page := range testenv.DocPages(t)[1:] {
 		name := filepath.Base(page)
 		if name != "README.md" && !strings.Contains(index, "]("+name+")") {
 			t.Errorf("docs/README.md does not link docs/%s", name)
