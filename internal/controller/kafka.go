@@ -74,12 +74,17 @@ type KafkaGroups struct {
 func (k KafkaGroups) GroupMembers(ctx context.Context, conn KafkaConnection, group string) ([]GroupMember, error) {
 	ctx, cancel := context.WithTimeout(ctx, k.timeout())
 	defer cancel()
-	adm, err := adminClient(conn)
+	adm, watch, err := adminClient(conn)
 	if err != nil {
 		return nil, err
 	}
 	defer adm.Close()
+	members, err := groupMembers(ctx, adm, group)
+	return members, watch.Explain(err)
+}
 
+// groupMembers lists the members of the group through adm.
+func groupMembers(ctx context.Context, adm *kadm.Client, group string) ([]GroupMember, error) {
 	// A group converted to KIP-848 may list a member through both APIs: each is named once.
 	var members []GroupMember
 	seen := map[string]bool{}
@@ -128,9 +133,11 @@ func (k KafkaGroups) timeout() time.Duration {
 	return k.Timeout
 }
 
-// adminClient connects to the brokers of conn as the operator; Close releases it.
-func adminClient(conn KafkaConnection) (*kadm.Client, error) {
-	opts := []kgo.Opt{kgo.SeedBrokers(conn.Bootstrap...), kgo.ClientID("seqinbox-operator")}
+// adminClient connects to the brokers of conn as the operator; Close releases it. The watch
+// explains an error of a client whose credentials the brokers refused.
+func adminClient(conn KafkaConnection) (*kadm.Client, *kafkaauth.RefusalWatch, error) {
+	watch := &kafkaauth.RefusalWatch{}
+	opts := []kgo.Opt{kgo.SeedBrokers(conn.Bootstrap...), kgo.ClientID("seqinbox-operator"), kgo.WithHooks(watch)}
 	if conn.TLS != nil {
 		opts = append(opts, kgo.DialTLSConfig(conn.TLS))
 	}
@@ -139,9 +146,9 @@ func adminClient(conn KafkaConnection) (*kadm.Client, error) {
 	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		return nil, fmt.Errorf("kafka client for %v: %w", conn.Bootstrap, err)
+		return nil, nil, fmt.Errorf("kafka client for %v: %w", conn.Bootstrap, err)
 	}
-	return kadm.NewClient(cl), nil
+	return kadm.NewClient(cl), watch, nil
 }
 
 // supportsConsumerGroups reports whether every broker answers KIP-848's ConsumerGroupDescribe.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 )
 
@@ -13,11 +14,17 @@ import (
 func (k KafkaGroups) TopicPartitions(ctx context.Context, conn KafkaConnection, topics []string) (map[string]int32, error) {
 	ctx, cancel := context.WithTimeout(ctx, k.timeout())
 	defer cancel()
-	adm, err := adminClient(conn)
+	adm, watch, err := adminClient(conn)
 	if err != nil {
 		return nil, err
 	}
 	defer adm.Close()
+	counts, err := topicPartitions(ctx, adm, topics)
+	return counts, watch.Explain(err)
+}
+
+// topicPartitions reads the partition counts through adm.
+func topicPartitions(ctx context.Context, adm *kadm.Client, topics []string) (map[string]int32, error) {
 	details, err := adm.ListTopics(ctx, topics...)
 	if err != nil {
 		return nil, fmt.Errorf("topic metadata of %v: %w", topics, err)

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -126,7 +127,11 @@ func (r *Reconciler) topicPartitions(ctx context.Context, s *scope) (map[string]
 			return partitions, nil
 		}
 	}
-	return nil, fmt.Errorf("brokers %s, %s: %w", strings.Join(spec.BootstrapServers, ","), kafkaauth.Describe(spec), err)
+	brokers := strings.Join(spec.BootstrapServers, ",")
+	if errors.Is(err, kafkaauth.ErrRefused) {
+		return nil, fmt.Errorf("brokers %s, %s: %s", brokers, kafkaauth.Describe(spec), kafkaauth.Refusal(spec, err))
+	}
+	return nil, fmt.Errorf("brokers %s, %s: %w", brokers, kafkaauth.Describe(spec), err)
 }
 
 // consumerSelector is the label selector of the consumer pods, as the scale subresource reports it.

@@ -204,7 +204,8 @@ func TestStrimziSecretsReachASecuredKafkaAndAWrongPasswordIsACondition(t *testin
 		Data: map[string][]byte{"user.crt": cert, "user.key": key, "password": []byte("wrong")}}))
 	res := h.reconcile("orders") // fails the test on a reconcile error: no crash loop
 	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.KafkaAccessFailedReason,
-		"SASL SCRAM-SHA-512", `user "orders-user"`, "Secret orders-user key password", "client certificate of Secret orders-user")
+		"Kafka authentication failed", "SASL SCRAM-SHA-512", `user "orders-user"`, "password from Secret orders-user key password",
+		"client certificate of Secret orders-user")
 	h.expectCondition("orders", v1alpha1.ConditionScalingLimited, metav1.ConditionUnknown, v1alpha1.PartitionCountUnknownReason)
 	if res.RequeueAfter != partitionRecheck {
 		t.Errorf("requeue after %s, want %s: a fixed Secret raises no watch event", res.RequeueAfter, partitionRecheck)

@@ -45,6 +45,20 @@ func (w *RefusalWatch) set(err error) {
 	w.err = err
 }
 
+// ErrRefused is in the chain of an error that Explain wrapped: the brokers refused the client's
+// credentials.
+var ErrRefused = errors.New("the brokers refused the credentials")
+
+// Explain wraps err with ErrRefused and the refusal when the watch saw one, so that a caller
+// that got only "EOF" or a timeout learns why; other errors stay as they are.
+func (w *RefusalWatch) Explain(err error) error {
+	refused := w.Refused()
+	if err == nil || refused == nil {
+		return err
+	}
+	return fmt.Errorf("%w (%w): %w", ErrRefused, refused, err)
+}
+
 // Refused returns the last refusal, nil when none was seen since Reset.
 func (w *RefusalWatch) Refused() error {
 	w.mu.Lock()

@@ -75,3 +75,20 @@ func TestRefusalNamesMechanismUserAndPasswordSecret(t *testing.T) {
 		})
 	}
 }
+
+func TestExplainWrapsOnlyTheErrorsOfARefusedClient(t *testing.T) {
+	timeout := errors.New("topic metadata: EOF")
+	var quiet RefusalWatch
+	if got := quiet.Explain(timeout); got.Error() != timeout.Error() || !errors.Is(got, timeout) || errors.Is(got, ErrRefused) {
+		t.Errorf("Explain without a refusal = %v, want the error as it is", got)
+	}
+	var refused RefusalWatch
+	refused.OnBrokerRead(kgo.BrokerMetadata{Host: "kafka-0", Port: 9093}, int16(kmsg.SASLAuthenticate), 0, 0, 0, io.EOF)
+	got := refused.Explain(timeout)
+	if !errors.Is(got, ErrRefused) || !errors.Is(got, timeout) || !strings.Contains(got.Error(), "kafka-0:9093") {
+		t.Errorf("Explain after a refusal = %v, want ErrRefused naming the broker, wrapping the error", got)
+	}
+	if refused.Explain(nil) != nil {
+		t.Error("Explain(nil) is not nil")
+	}
+}
