@@ -176,9 +176,11 @@ func TestDatabaseWideGaugesComeOnlyFromTheHousekeepingLeader(t *testing.T) {
 	}
 
 	// A's session ends behind its back (a network cut, the server killing it): its lock goes
-	// with it, and A stops serving before it notices.
-	if _, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, int64(a.engine.leaderPID())); err != nil {
-		t.Fatal(err)
+	// with it, and A stops serving before it notices. The timeout makes the call wait until the
+	// backend has exited and released the lock (without it, the call returns once the signal is sent).
+	var ended bool
+	if err := b.pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 10000)`, int64(a.engine.leaderPID())).Scan(&ended); err != nil || !ended {
+		t.Fatalf("terminate A's leading session = %v, %v; want it ended within 10s", ended, err)
 	}
 	if got := servedDatabaseWide(t, regA); len(got) != 0 {
 		t.Fatalf("A serves %v after its leading session ended, want none", got)
