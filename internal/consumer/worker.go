@@ -286,29 +286,18 @@ func (p *processor) publishAll(w *worker, letters []deadletter.Letter) bool {
 
 // process runs the engine on one record within the record timeout, holding an in-flight token.
 // listenerCut reports that the record timeout ended while the sink was being called.
-func (p *processor) process(w *worker, rec inbox.Record) (_ inbox.Result, listenerCut bool, _ error) {
-	c := p.c
-	select {
-	case c.inFlight <- struct{}{}:
-	case <-w.stopping:
-		return inbox.Result{}, false, errAbandoned
-	case <-c.work.Done():
+func (p *processor) process(w *worker, rec inbox.Record) (res inbox.Result, listenerCut bool, err error) {
+	var cut atomic.Bool
+	if abandoned := p.inEngine(w, func(ctx context.Context) {
+		res, err = p.engine.Process(context.WithValue(ctx, cutKey{}, &cut), rec)
+	}); abandoned {
 		return inbox.Result{}, false, errAbandoned
 	}
-	c.metrics.inFlight.Inc()
-	defer func() {
-		c.metrics.inFlight.Dec()
-		<-c.inFlight
-	}()
-	ctx, cancel := context.WithTimeoutCause(c.work, c.recordTimeout, errRecordDeadline)
-	defer cancel()
-	var cut atomic.Bool
-	res, err := p.engine.Process(context.WithValue(ctx, cutKey{}, &cut), rec)
 	return res, cut.Load(), err
 }
 
-// inEngine runs a batch in the engine within the record timeout, holding one in-flight token (a
-// batch holds two connections, as a record does); true when abandoned before it started.
+// inEngine runs a record or a batch in the engine within the record timeout, holding one in-flight
+// token (a batch holds two connections, as a record does); true when abandoned before it started.
 func (p *processor) inEngine(w *worker, run func(ctx context.Context)) (abandoned bool) {
 	c := p.c
 	select {
