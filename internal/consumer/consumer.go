@@ -159,14 +159,9 @@ func New(cfg Config) (*Consumer, error) {
 	c.group = newGroupMembership(&spec.Kafka, manifest.GroupProtocol(c.build.claimProtocol, &spec.Kafka), c.clock, log.WithName("group"))
 	c.group.changed = c.updateReadyMetric
 	sinkMetrics := sink.NewMetrics()
-	retries := 0
-	if spec.Sink.Retries != nil {
-		retries = int(*spec.Sink.Retries)
-	}
-	c.sink, err = sink.New(sink.Config{
-		URL: manifest.SinkURL(cfg.Inbox), Auth: cfg.SinkAuth, Timeout: spec.Sink.Timeout.Duration, Retries: retries,
-		InitialBackoff: spec.Sink.InitialBackoff.Duration, ForwardHeaders: spec.Sink.ForwardHeaders, Log: log.WithName("sink"),
-	}, sinkMetrics)
+	sinkCfg := sink.ConfigFor(&spec.Sink)
+	sinkCfg.URL, sinkCfg.Auth, sinkCfg.Log = manifest.SinkURL(cfg.Inbox), cfg.SinkAuth, log.WithName("sink")
+	c.sink, err = sink.New(sinkCfg, sinkMetrics)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
@@ -181,12 +176,7 @@ func New(cfg Config) (*Consumer, error) {
 
 // listenerDeadline bounds one listener call: every sink attempt and backoff.
 func (c *Consumer) listenerDeadline() time.Duration {
-	spec := &c.cfg.Inbox.Spec
-	retries := 0
-	if spec.Sink.Retries != nil {
-		retries = int(*spec.Sink.Retries)
-	}
-	return sink.Config{Timeout: spec.Sink.Timeout.Duration, Retries: retries, InitialBackoff: spec.Sink.InitialBackoff.Duration}.Deadline()
+	return sink.ConfigFor(&c.cfg.Inbox.Spec.Sink).Deadline()
 }
 
 // Run consumes until ctx ends, then stops fetching, finishes the in-flight records, commits,

@@ -8,6 +8,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/sink"
 )
 
 // migrationJobConnections is what a probe or migration Job holds while it runs next to the consumers.
@@ -48,13 +49,10 @@ func budgetReplicas(spec *v1alpha1.SequentialInboxSpec) (int32, bool) {
 }
 
 // worstCaseRecordTime is the longest one record may take: it can release a chain of longestChain
-// messages, and each delivery may use every attempt (sink timeout × (retries+1)) plus the
-// exponential backoff between them (initialBackoff × (2^retries − 1)).
+// messages, and each delivery may use every attempt and every backoff between them, exactly as
+// the consumer's sink bounds one delivery (sink.Config.Deadline, backoff doubling up to its cap).
 func worstCaseRecordTime(spec *v1alpha1.SequentialInboxSpec, longestChain int) time.Duration {
-	retries := ptr.Deref(spec.Sink.Retries, 0)
-	attempts := time.Duration(retries + 1)
-	backoff := spec.Sink.InitialBackoff.Duration * time.Duration((int64(1)<<retries)-1)
-	return time.Duration(max(longestChain, 1)) * (spec.Sink.Timeout.Duration*attempts + backoff)
+	return time.Duration(max(longestChain, 1)) * sink.ConfigFor(&spec.Sink).Deadline()
 }
 
 // checkPollInterval warns when spec.kafka.maxPollIntervalMs cannot cover the worst-case time of

@@ -74,6 +74,8 @@ func TestWorstCaseRecordTimeIsChainTimesAttemptsPlusBackoff(t *testing.T) {
 		{name: "no retries has no backoff", spec: pollSpec(300000, 5*time.Second, 0, time.Second), chain: 3, want: 15 * time.Second},
 		{name: "an empty chain counts as one delivery", spec: pollSpec(300000, 5*time.Second, 0, time.Second), chain: 0, want: 5 * time.Second},
 		{name: "chain of four with one retry", spec: pollSpec(300000, 2*time.Second, 1, time.Second), chain: 4, want: 4 * (4*time.Second + time.Second)},
+		{name: "each backoff wait is capped at 30s, as the sink caps it", spec: pollSpec(300000, time.Second, 5, 20*time.Second), chain: 1,
+			want: 6*time.Second + (20+30+30+30+30)*time.Second},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -95,6 +97,7 @@ func TestPollIntervalWarningWhenTheWorstCaseExceedsIt(t *testing.T) {
 		{name: "a chain of eight does not fit 300s", spec: pollSpec(300000, 10*time.Second, 3, 200*time.Millisecond), chain: 8, wantWarn: true},
 		{name: "exactly at the limit is fine", spec: pollSpec(15000, 5*time.Second, 0, 0), chain: 3},
 		{name: "one millisecond short warns", spec: pollSpec(14999, 5*time.Second, 0, 0), chain: 3, wantWarn: true},
+		{name: "capped backoffs fit where doubling without a cap would not", spec: pollSpec(200000, time.Second, 5, 20*time.Second), chain: 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/inbox"
 )
 
@@ -54,6 +55,16 @@ type Config struct {
 	Auth Auth
 	// Log receives a line per failed attempt; the zero value discards them.
 	Log logr.Logger
+}
+
+// ConfigFor reads the delivery settings of spec.sink, so that the consumer delivering and the
+// operator checking maxPollIntervalMs against the worst case use the same ones.
+func ConfigFor(s *v1alpha1.SinkSpec) Config {
+	retries := 0
+	if s.Retries != nil {
+		retries = int(*s.Retries)
+	}
+	return Config{Timeout: s.Timeout.Duration, Retries: retries, InitialBackoff: s.InitialBackoff.Duration, ForwardHeaders: s.ForwardHeaders}
 }
 
 // Deadline is the longest one Deliver can take with this configuration: every attempt at its
