@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime/debug"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -39,7 +40,8 @@ from flags or the environment: --database-url (SEQINBOX_DATABASE_URL), --bootstr
 (SEQINBOX_BOOTSTRAP_SERVERS), SEQINBOX_KAFKA_USERNAME, SEQINBOX_KAFKA_PASSWORD and
 SEQINBOX_KAFKA_CA_FILE. SEQINBOX_MEMORY_LIMIT (bytes, or a quantity such as 512Mi; the operator
 passes the container's memory limit) sets the bound on the bytes of buffered records to a quarter
-of it, unless spec.kafka.maxBufferedBytes sets it. The database schema must be current: run
+of it, unless spec.kafka.maxBufferedBytes sets it, and the Go runtime's memory limit to 90% of it,
+unless GOMEMLIMIT sets that. The database schema must be current: run
 'seqinbox migrate' first.
 
 Outside Kubernetes the endpoints listen on 127.0.0.1 on ports the kernel picks (the log names
@@ -62,6 +64,7 @@ addresses and the pod name as --instance-id.`,
 			if err != nil {
 				return err
 			}
+			setGoMemoryLimit(limit)
 			inbox, err := manifest.Load(file)
 			if err != nil {
 				return err
@@ -123,4 +126,13 @@ func memoryLimit() (int64, error) {
 		return 0, usageErrorf("%s=%q: want the container's memory limit in bytes or as a quantity such as 512Mi", envMemoryLimit, v)
 	}
 	return q.Value(), nil
+}
+
+// setGoMemoryLimit makes the Go runtime collect harder as the process nears 90% of the
+// container's memory limit (unless GOMEMLIMIT sets its own), so that the heap's growth between
+// collections (about twice the live data) does not take the container past its limit.
+func setGoMemoryLimit(containerLimit int64) {
+	if containerLimit > 0 && os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(containerLimit / 10 * 9)
+	}
 }

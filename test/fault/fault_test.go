@@ -265,6 +265,9 @@ func TestLargeRecordsBehindHungSink(t *testing.T) {
 	if got := a.metric("seqinbox_consumer_buffered_bytes_limit"); got != bound {
 		t.Errorf("the consumer's bound is %.0f bytes, want a quarter of its memory limit, %d", got, bound)
 	}
+	if got := a.metric("go_gc_gomemlimit_bytes"); got != limit/10*9 {
+		t.Errorf("the consumer's Go memory limit is %.0f bytes, want 90%% of its container's, %d", got, limit/10*9)
+	}
 
 	padding := strings.Repeat("x", size)
 	hungRecord := event(0, "OrderCreated", hung, "large-hung", nil)
@@ -303,10 +306,12 @@ func TestLargeRecordsBehindHungSink(t *testing.T) {
 	if peak > limit {
 		t.Errorf("the consumer's heap in use reached %.0f MB, beyond its memory limit of %d MB", peak/1e6, limit>>20)
 	}
-	// A fetch asks for a quarter of the bound, and the broker adds the batch that crosses it: the
-	// fetch that arrives just below the bound adds at most that.
-	if oneFetch := bound/4 + 2*size; peakBuffered > float64(bound+oneFetch) {
-		t.Errorf("the consumer buffered %.0f bytes, more than its bound %d and one fetch (%d)", peakBuffered, bound, oneFetch)
+	// A fetch asks for a quarter of the bound, and the broker returns whole batches past the
+	// fetch's limits: the records handed over just below the bound overshoot it by about a
+	// fetch (measured: 16 to 23 MB over a bound of 64 MiB). Half the bound is the documented
+	// most; the 400 records held without a bound would be 371 MB.
+	if over := bound / 2; peakBuffered > float64(bound+over) {
+		t.Errorf("the consumer buffered %.0f bytes, more than its bound %d and half of it again", peakBuffered, bound)
 	}
 
 	r := count(t, s, ids, seeds, group)
