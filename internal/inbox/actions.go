@@ -51,23 +51,29 @@ const (
 	OutcomeSuperseded = "Superseded"
 )
 
-// requestMessageActionSQL records an action on the row that stands for the logical message, the
-// same row the claim lookup picks among historical duplicates. With a request id ($4) it also
-// records the request ($5 names the target), and marks a request it replaces as superseded.
-const requestMessageActionSQL = `WITH target AS (
-  SELECT id, pending_action_id FROM sequenced_message WHERE id = (` + lookupMessageIDSQL + `) FOR NO KEY UPDATE
+// requestActionSQL records an action on the one row of table that pick selects (message or
+// instance, the noun of the superseded request's detail). With a request id ($4) it also records
+// the request ($5 names the target), and marks a request it replaces as superseded.
+func requestActionSQL(table, pick, noun string) string {
+	return `WITH target AS (
+  SELECT id, pending_action_id FROM ` + table + ` WHERE ` + pick + ` FOR NO KEY UPDATE
 ), superseded AS (
   UPDATE operator_action o SET outcome = 'Superseded', executed_at = now(),
-    detail = 'replaced by request ' || $4 || ' on the same message before a consumer ran it'
+    detail = 'replaced by request ' || $4 || ' on the same ` + noun + ` before a consumer ran it'
   FROM target WHERE o.request_id = target.pending_action_id AND o.outcome IS NULL AND target.pending_action_id <> $4
-), m AS (
-  UPDATE sequenced_message s SET pending_action = $3, pending_action_id = nullif($4, '')
+), t AS (
+  UPDATE ` + table + ` s SET pending_action = $3, pending_action_id = nullif($4, '')
   FROM target WHERE s.id = target.id
   RETURNING s.id
 ), request AS (
-  INSERT INTO operator_action (request_id, action, target) SELECT $4, $3, $5 FROM m WHERE $4 <> ''
+  INSERT INTO operator_action (request_id, action, target) SELECT $4, $3, $5 FROM t WHERE $4 <> ''
 )
-SELECT count(*) FROM m`
+SELECT count(*) FROM t`
+}
+
+// requestMessageActionSQL records an action on the row that stands for the logical message, the
+// same row the claim lookup picks among historical duplicates.
+var requestMessageActionSQL = requestActionSQL("sequenced_message", "id = ("+lookupMessageIDSQL+")", "message")
 
 const lookupMessageIDSQL = `SELECT id FROM sequenced_message
 WHERE idempotence_id = $2 AND message_type = $1
@@ -110,21 +116,8 @@ func requestKnown(ctx context.Context, db DB, requestID string) (bool, error) {
 	return known, nil
 }
 
-// requestInstanceActionSQL is requestMessageActionSQL for an instance.
-const requestInstanceActionSQL = `WITH target AS (
-  SELECT id, pending_action_id FROM sequence_instance WHERE name = $1 AND context_id = $2 FOR NO KEY UPDATE
-), superseded AS (
-  UPDATE operator_action o SET outcome = 'Superseded', executed_at = now(),
-    detail = 'replaced by request ' || $4 || ' on the same instance before a consumer ran it'
-  FROM target WHERE o.request_id = target.pending_action_id AND o.outcome IS NULL AND target.pending_action_id <> $4
-), i AS (
-  UPDATE sequence_instance s SET pending_action = $3, pending_action_id = nullif($4, '')
-  FROM target WHERE s.id = target.id
-  RETURNING s.id
-), request AS (
-  INSERT INTO operator_action (request_id, action, target) SELECT $4, $3, $5 FROM i WHERE $4 <> ''
-)
-SELECT count(*) FROM i`
+// requestInstanceActionSQL records an action on the instance (sequence $1, context ID $2).
+var requestInstanceActionSQL = requestActionSQL("sequence_instance", "name = $1 AND context_id = $2", "instance")
 
 // RequestInstanceAction records a pending action on the instance (sequence, context ID); a
 // consumer executes it in RunPendingActions. requestID is as for RequestMessageAction.
