@@ -77,8 +77,7 @@ var requestMessageActionSQL = requestActionSQL("sequenced_message", "id = ("+loo
 
 const lookupMessageIDSQL = `SELECT id FROM sequenced_message
 WHERE idempotence_id = $2 AND message_type = $1
-ORDER BY CASE state WHEN 'PROCESSED' THEN 0 WHEN 'WAITING' THEN 1 ELSE 2 END, id DESC
-LIMIT 1`
+` + standingRowFirst
 
 // knownRequestSQL tells whether a request was recorded already (a rerun of its Job).
 const knownRequestSQL = `SELECT EXISTS (SELECT 1 FROM operator_action WHERE request_id = $1)`

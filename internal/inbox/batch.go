@@ -34,11 +34,14 @@ RETURNING message_type, idempotence_id, set_config('idle_in_transaction_session_
 
 // lookupMessagesSQL is lookupMessageSQL for the claims of a batch: one row per stored logical
 // message, picked by the same rule. A statement of its own after the claim insert, for the same
-// reason.
-const lookupMessagesSQL = `SELECT DISTINCT ON (m.message_type, m.idempotence_id) m.message_type, m.idempotence_id, m.id, m.state
+// reason. Each key is looked up on its own (a lateral subquery with LIMIT), so that the plan
+// probes the index for every key whatever the table's statistics say; a join would be planned as
+// a hash join over the whole table when the statistics are missing or stale.
+const lookupMessagesSQL = `SELECT k.message_type, k.idempotence_id, m.id, m.state
 FROM unnest($1::text[], $2::text[]) AS k(message_type, idempotence_id)
-JOIN sequenced_message m ON m.idempotence_id = k.idempotence_id AND m.message_type = k.message_type
-ORDER BY m.message_type, m.idempotence_id, CASE m.state WHEN 'PROCESSED' THEN 0 WHEN 'WAITING' THEN 1 ELSE 2 END, m.id DESC`
+CROSS JOIN LATERAL (SELECT id, state FROM sequenced_message
+  WHERE idempotence_id = k.idempotence_id AND message_type = k.message_type
+  ` + standingRowFirst + `) m`
 
 // instancesStateSQL is instanceStateSQL for the instances of a batch.
 const instancesStateSQL = `SELECT i.id, i.state = 'OPEN', p.types, w.ids, w.types
@@ -48,7 +51,9 @@ WHERE i.id = ANY($1::bigint[])`
 // insertStatesSQL is insertStateSQL for the messages of a batch that had no row, in one
 // statement. Its transaction commits without waiting for its WAL flush, as a single message's
 // does: the batch's T1 commits after it in every case (a failed message's claim is deleted inside
-// T1, not rolled back), and T1's flush covers the states.
+// T1, not rolled back), and T1's flush covers the states. A message stored meanwhile by someone
+// else is left out (and reported by the row count); that check probes the index per message, as
+// lookupMessagesSQL does.
 const insertStatesSQL = `WITH s AS (
   SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::int8[], $8::text[],
                        $9::text[], $10::bytea[], $11::bytea[], $12::text[])
@@ -56,8 +61,10 @@ const insertStatesSQL = `WITH s AS (
 ), m AS (
   INSERT INTO sequenced_message
     (sequence_instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context)
-  SELECT instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context FROM s
-  WHERE NOT EXISTS (SELECT 1 FROM sequenced_message d WHERE d.idempotence_id = s.idempotence_id AND d.message_type = s.message_type)
+  SELECT s.instance_id, s.message_type, s.idempotence_id, s.message_id, s.topic, s.partition, s."offset", s.state, s.trace_context
+  FROM s LEFT JOIN LATERAL (SELECT 1 AS stored FROM sequenced_message d
+    WHERE d.idempotence_id = s.idempotence_id AND d.message_type = s.message_type LIMIT 1) d ON true
+  WHERE d.stored IS NULL
   RETURNING id, sequence_instance_id, message_type, idempotence_id
 )
 INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
@@ -65,11 +72,11 @@ SELECT m.sequence_instance_id, m.id, s.key, s.value, s.headers::jsonb
 FROM m JOIN s ON s.message_type = m.message_type AND s.idempotence_id = m.idempotence_id
 RETURNING set_config('synchronous_commit', 'off', true)`
 
-// unclaimSQL deletes, inside T1, the claims of the batch's messages whose listener failed and of
-// those the batch did not get to: they commit with T1 as if they had been rolled back, so that a
-// waiting duplicate or a resend takes over once T1 ends.
-const unclaimSQL = `DELETE FROM sequential_inbox_idempotence
-WHERE (message_type, idempotence_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`
+// unclaimSQL deletes, inside T1, the claim of a batch's message whose listener failed or that
+// the batch did not get to: it commits with T1 as if it had been rolled back, so that a waiting
+// duplicate or a resend takes over once T1 ends. One statement per claim, all in one round trip:
+// each is a primary key lookup whatever the statistics say.
+const unclaimSQL = `DELETE FROM sequential_inbox_idempotence WHERE message_type = $1 AND idempotence_id = $2`
 
 // deadlockDetected is SQLSTATE 40P01.
 const deadlockDetected = "40P01"
@@ -636,23 +643,21 @@ func (b *batchRun) buffer(ctx context.Context) error {
 // commits T1 and reads the instances of the batch after the commit, in one round trip. Like the
 // state write it ignores the caller's cancellation while the lease holds.
 func (b *batchRun) commit(ctx context.Context) error {
-	var types, ids []string
-	for i, it := range b.items {
-		if it.won && (i >= b.done || it.write == stateFailed) {
-			types, ids = append(types, it.msg.QualifiedType), append(ids, it.msg.Record.IdempotenceID)
-		}
-	}
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), b.leaseEnd())
 	defer cancel()
 	q := &pgx.Batch{}
-	if len(types) > 0 {
-		q.Queue(unclaimSQL, types, ids)
+	unclaimed := 0
+	for i, it := range b.items {
+		if it.won && (i >= b.done || it.write == stateFailed) {
+			q.Queue(unclaimSQL, it.msg.QualifiedType, it.msg.Record.IdempotenceID)
+			unclaimed++
+		}
 	}
 	q.Queue(commitSQL)
 	q.Queue(instancesStateSQL, distinctInstances(b.items[:b.done]))
 	br := b.conn.SendBatch(cctx, q)
 	err := func() error {
-		if len(types) > 0 {
+		for range unclaimed {
 			if _, err := br.Exec(); err != nil {
 				return fmt.Errorf("delete claims: %w", err)
 			}

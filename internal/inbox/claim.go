@@ -46,14 +46,21 @@ const setIdleTimeoutSQL = `SELECT set_config('idle_in_transaction_session_timeou
 // before it ended.
 const lookupMessageSQL = `SELECT id, state FROM sequenced_message
 WHERE idempotence_id = $2 AND message_type = $1
-ORDER BY CASE state WHEN 'PROCESSED' THEN 0 WHEN 'WAITING' THEN 1 ELSE 2 END, id DESC
+` + standingRowFirst
+
+// standingRowFirst ends a read of the rows of one logical message with the row that stands for
+// it: PROCESSED before WAITING before FAILED, then the newest row.
+const standingRowFirst = `ORDER BY CASE state WHEN 'PROCESSED' THEN 0 WHEN 'WAITING' THEN 1 ELSE 2 END, id DESC
 LIMIT 1`
 
 // waitingStandsForItsMessage holds for a WAITING row m that stands for its logical message under
-// the rule of lookupMessageSQL: no PROCESSED row and no newer WAITING row of the same message.
-const waitingStandsForItsMessage = `NOT EXISTS (SELECT 1 FROM sequenced_message d
+// the rule of lookupMessageSQL (no PROCESSED row and no newer WAITING row of the same message): m
+// is the row that rule picks. A scalar subquery, so that every row is checked by an index probe
+// whatever the table's statistics say; as NOT EXISTS it was planned as a hash anti join over the
+// whole table when the statistics were stale.
+const waitingStandsForItsMessage = `m.id = (SELECT id FROM sequenced_message d
   WHERE d.idempotence_id = m.idempotence_id AND d.message_type = m.message_type
-    AND (d.state = 'PROCESSED' OR (d.state = 'WAITING' AND d.id > m.id)))`
+  ` + standingRowFirst + `)`
 
 // Message states as stored in sequenced_message.state.
 const (

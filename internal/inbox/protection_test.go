@@ -189,14 +189,22 @@ func TestHousekeepingQueriesUseTheirIndexes(t *testing.T) {
 // plan returns the query plan of sql with sequential scans disabled.
 func (h *harness) plan(sql string, args ...any) string {
 	h.t.Helper()
+	return h.explain(`SET LOCAL enable_seqscan = off`, sql, args...)
+}
+
+// explain returns the query plan of sql, in a transaction that first runs setting (if any).
+func (h *harness) explain(setting, sql string, args ...any) string {
+	h.t.Helper()
 	ctx := context.Background()
 	tx, err := h.pool.Begin(ctx)
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`); err != nil {
-		h.t.Fatal(err)
+	if setting != "" {
+		if _, err := tx.Exec(ctx, setting); err != nil {
+			h.t.Fatal(err)
+		}
 	}
 	rows, err := tx.Query(ctx, `EXPLAIN `+sql, args...)
 	if err != nil {

@@ -1,0 +1,115 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// engineTables are the tables a message's processing reads and writes.
+var engineTables = []string{"sequence_instance", "sequenced_message", "sequential_inbox_idempotence", "buffered_message"}
+
+// fillEngineTables stores n instances of ten messages each (one in ten WAITING), each with its
+// claim and its raw record, as a long-running inbox holds them.
+func fillEngineTables(t *testing.T, h *harness, from, n int) {
+	t.Helper()
+	for _, sql := range []string{
+		`INSERT INTO sequence_instance (name, context_id, retain_until)
+		 SELECT 'chain', 'fill-' || g, now() + interval '1 day' FROM generate_series($1::int, $2::int) g`,
+		`INSERT INTO sequenced_message (sequence_instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state)
+		 SELECT i.id, 'A', i.context_id || '-' || g, 'm', 'orders', 0, g, CASE WHEN g = 10 THEN 'WAITING' ELSE 'PROCESSED' END
+		 FROM sequence_instance i, generate_series(1, 10) g
+		 WHERE i.context_id LIKE 'fill-%' AND substr(i.context_id, 6)::int BETWEEN $1 AND $2`,
+		`INSERT INTO sequential_inbox_idempotence (message_type, idempotence_id, sequence_instance_id, created_at)
+		 SELECT m.message_type, m.idempotence_id, m.sequence_instance_id, now() FROM sequenced_message m
+		 JOIN sequence_instance i ON i.id = m.sequence_instance_id WHERE substr(i.context_id, 6)::int BETWEEN $1 AND $2`,
+		`INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value)
+		 SELECT m.sequence_instance_id, m.id, 'k', repeat('v', 200)::bytea FROM sequenced_message m
+		 JOIN sequence_instance i ON i.id = m.sequence_instance_id WHERE substr(i.context_id, 6)::int BETWEEN $1 AND $2`,
+	} {
+		if _, err := h.pool.Exec(context.Background(), sql, from, from+n-1); err != nil {
+			t.Fatalf("fill: %v", err)
+		}
+	}
+}
+
+// TestHotStatementsProbeIndexesWhateverTheStatistics plans every statement that processing a
+// message or a batch runs per message, on tables of 200,000 messages whose statistics are missing
+// (never analyzed, as with autovacuum off) or stale (analyzed when they held 100 messages), with
+// the planner's own choices: each must find its rows through an index. A plan that scans a table
+// costs time in proportion to everything the inbox keeps, and batches would wait on each other's
+// scans as the tables grow.
+func TestHotStatementsProbeIndexesWhateverTheStatistics(t *testing.T) {
+	const batch = 16
+	keys := func() (types, ids []string) {
+		for i := range batch {
+			types, ids = append(types, "A"), append(ids, fmt.Sprintf("fill-%d-%d", 7*i+1, i%10+1))
+		}
+		return types, ids
+	}
+	types, ids := keys()
+	instances := make([]int64, batch)
+	for i := range instances {
+		instances[i] = int64(7*i + 1)
+	}
+	var states insertStatesColumns
+	for i := range batch {
+		states.instanceIDs = append(states.instanceIDs, instances[i])
+		states.types, states.ids = append(states.types, "A"), append(states.ids, fmt.Sprintf("new-%d", i))
+		states.messageIDs, states.topics = append(states.messageIDs, "m"), append(states.topics, "orders")
+		states.partitions, states.offsets = append(states.partitions, 0), append(states.offsets, int64(i))
+		states.states, states.traces = append(states.states, stateProcessed), append(states.traces, nil)
+		states.keys, states.values = append(states.keys, []byte("k")), append(states.values, []byte("v"))
+		states.hdr = append(states.hdr, "[]")
+	}
+	statements := []struct {
+		name, sql string
+		args      []any
+	}{
+		{"claim lookup", lookupMessageSQL, []any{"A", ids[0]}},
+		{"instance state", instanceStateSQL, []any{instances[0]}},
+		{"batch lookup", lookupMessagesSQL, []any{types, ids}},
+		{"batch instance states", instancesStateSQL, []any{instances}},
+		{"batch states", insertStatesSQL, states.args()},
+		{"batch unclaim", unclaimSQL, []any{"A", ids[0]}},
+	}
+
+	for _, stats := range []string{"missing", "stale"} {
+		t.Run(stats, func(t *testing.T) {
+			h := newIsolatedHarness(t, chainSet())
+			for _, table := range engineTables {
+				if _, err := h.pool.Exec(context.Background(), `ALTER TABLE `+table+` SET (autovacuum_enabled = false)`); err != nil {
+					t.Fatal(err)
+				}
+			}
+			first := 1
+			if stats == "stale" {
+				fillEngineTables(t, h, first, 10)
+				for _, table := range engineTables {
+					if _, err := h.pool.Exec(context.Background(), `ANALYZE `+table); err != nil {
+						t.Fatal(err)
+					}
+				}
+				first += 10
+			}
+			fillEngineTables(t, h, first, 20_000-first+1)
+			for _, st := range statements {
+				t.Run(st.name, func(t *testing.T) {
+					plan := h.planAsIs(st.sql, st.args...)
+					for _, table := range engineTables {
+						if strings.Contains(plan, "Seq Scan on "+table) {
+							t.Fatalf("plan scans %s:\n%s", table, plan)
+						}
+					}
+				})
+			}
+		})
+	}
+}
+
+// planAsIs returns the query plan of sql as the planner chooses it for these arguments.
+func (h *harness) planAsIs(sql string, args ...any) string {
+	h.t.Helper()
+	return h.explain("", sql, args...)
+}
