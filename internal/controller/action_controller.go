@@ -13,10 +13,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
@@ -181,25 +181,23 @@ func (a *ActionReconciler) currentJob(ctx context.Context, action *v1alpha1.Sequ
 	return &job, nil
 }
 
-// createJob creates the Job that runs `seqinbox action` from the inbox's image, owned by the
+// createJob creates the Job that runs `seqinbox action` from the inbox's image, controlled by the
 // action: the first records the action and awaits its execution, later ones only await it.
 func (a *ActionReconciler) createJob(ctx context.Context, s *scope, action *v1alpha1.SequentialInboxAction, name string, attempt int32) error {
 	req := jobRequest{
 		component: componentAction,
 		run:       &v1alpha1.JobRunStatus{Key: actionKey(action), Attempt: attempt},
 		args:      actionArgs(action, attempt),
-		env:       []corev1.EnvVar{{Name: inboxEnv, Value: manifest.InboxName(s.inbox)}},
+		env:       []*corev1ac.EnvVarApplyConfiguration{corev1ac.EnvVar().WithName(inboxEnv).WithValue(manifest.InboxName(s.inbox))},
 	}
-	job := buildJob(s.inbox, s.image, req, name)
-	if err := controllerutil.SetControllerReference(action, job, a.jobs.Client.Scheme()); err != nil {
-		return fmt.Errorf("own job %s: %w", name, err)
-	}
-	err := a.jobs.Client.Create(ctx, job)
-	if apierrors.IsAlreadyExists(err) { // created by a pass whose status write was lost
-		return nil
-	}
+	owner, err := a.jobs.controllerRef(action)
 	if err != nil {
-		return fmt.Errorf("create job %s: %w", name, err)
+		return err
+	}
+	// Without ForceOwnership, as the inbox's Jobs: applied again by a pass whose status write was
+	// lost, the Job does not change.
+	if err := a.jobs.apply(ctx, buildJob(s.inbox, s.image, req, name).WithOwnerReferences(owner)); err != nil {
+		return err
 	}
 	a.jobs.event(action, corev1.EventTypeNormal, "JobCreated", "RecordAction", "Created Job %s: seqinbox %s from %s",
 		name, strings.Join(req.args, " "), s.image)

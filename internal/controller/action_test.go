@@ -12,6 +12,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	batchv1ac "k8s.io/client-go/applyconfigurations/batch/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -111,13 +113,15 @@ func TestActionIsRecordedByAJobFromTheInboxImageThenAwaitedUntilExecuted(t *test
 	// belong to, pull secrets, no retries, bounded lifetime.
 	migration := buildJob(h.get("orders"), imageV2, jobRequest{component: componentMigration,
 		run: &v1alpha1.JobRunStatus{Key: "k", Attempt: 1}, args: reportArgs(),
-		env: []corev1.EnvVar{{Name: inboxEnv, Value: h.ns + "/orders"}}}, "m")
-	hardening := func(p corev1.PodSpec) []any {
+		env: []*corev1ac.EnvVarApplyConfiguration{corev1ac.EnvVar().WithName(inboxEnv).WithValue(h.ns + "/orders")}}, "m")
+	applied, err := batchv1ac.ExtractJob(job, fieldOwner) // what the operator applied to the action's Job
+	h.must(err)
+	hardening := func(p *corev1ac.PodSpecApplyConfiguration) []any {
 		c := p.Containers[0]
 		return []any{p.SecurityContext, c.SecurityContext, p.AutomountServiceAccountToken, p.EnableServiceLinks, p.ImagePullSecrets,
 			p.RestartPolicy, c.Env, c.Resources, c.TerminationMessagePath, c.TerminationMessagePolicy}
 	}
-	if want, got := hardening(migration.Spec.Template.Spec), hardening(job.Spec.Template.Spec); !equality.Semantic.DeepEqual(want, got) {
+	if want, got := hardening(migration.Spec.Template.Spec), hardening(applied.Spec.Template.Spec); !equality.Semantic.DeepEqual(want, got) {
 		t.Fatalf("action pod differs from the migration pod:\n got %+v\nwant %+v", got, want)
 	}
 	if job.Spec.TTLSecondsAfterFinished == nil || *job.Spec.BackoffLimit != 0 || job.Spec.ActiveDeadlineSeconds == nil {

@@ -20,7 +20,8 @@
 //  4. gateRollout: the rollout gate (gate.go).
 //  5. migrateSchema: `seqinbox migrate` from the target image, once per image and database.
 //  6. ensureWorkload: the consumer Deployment, its PodDisruptionBudget and metrics Service, by
-//     server-side apply.
+//     server-side apply of client-go apply configurations (only the fields the operator sets;
+//     ForceOwnership).
 //  7. watchGroup: members of another group protocol that keep the consumers out (Degraded).
 //  8. checkRegistry: while the consumers run, a dry-run Job from the running image reads the
 //     consumer registry every RegistryCheckInterval; a record a consumer has retried after
@@ -55,7 +56,8 @@
 //
 // Probes and migrations are attempts of a run tracked in status.probe and status.migration: each
 // attempt is a new Job named <inbox>-<probe|migrate>-<key>-<attempt>, with no retries of its own
-// (backoffLimit 0). A failed attempt is reported with the Job's reason and the container's
+// (backoffLimit 0), applied without ForceOwnership (a Job of that name that someone else wrote is
+// a conflict, never taken over) in the consumers' hardened pod (hardenedPod). A failed attempt is reported with the Job's reason and the container's
 // message, and followed by the next attempt after an exponential backoff on the injected clock.
 //
 // # Operator actions

@@ -13,9 +13,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
+	batchv1ac "k8s.io/client-go/applyconfigurations/batch/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/migrations"
@@ -61,7 +61,7 @@ type jobRequest struct {
 	// annotations are recorded on the Job when it is created.
 	annotations map[string]string
 	// env is set in the container besides the database URL.
-	env []corev1.EnvVar
+	env []*corev1ac.EnvVarApplyConfiguration
 }
 
 // currentRun returns the run tracked in *slot for key, starting again at attempt 1 when the key
@@ -234,18 +234,16 @@ func (r *Reconciler) containerMessage(ctx context.Context, s *scope, job string)
 	return strings.Join(parts, "; ")
 }
 
-// createJob creates one attempt's Job, owned by the inbox.
+// createJob creates one attempt's Job, controlled by the inbox.
 func (r *Reconciler) createJob(ctx context.Context, s *scope, req jobRequest, name string) error {
-	job := buildJob(s.inbox, s.image, req, name)
-	if err := controllerutil.SetControllerReference(s.inbox, job, r.Client.Scheme()); err != nil {
-		return fmt.Errorf("own job %s: %w", name, err)
-	}
-	err := r.Client.Create(ctx, job)
-	if apierrors.IsAlreadyExists(err) { // created by a pass whose write the cache has not shown yet
-		return nil
-	}
+	owner, err := r.controllerRef(s.inbox)
 	if err != nil {
-		return fmt.Errorf("create job %s: %w", name, err)
+		return err
+	}
+	// Without ForceOwnership: applied again (by a pass whose write the cache has not shown yet) the
+	// Job does not change, and a Job of that name that someone else wrote conflicts, as a create would.
+	if err := r.apply(ctx, buildJob(s.inbox, s.image, req, name).WithOwnerReferences(owner)); err != nil {
+		return err
 	}
 	r.event(s.inbox, corev1.EventTypeNormal, "JobCreated", "RunJob", "Created Job %s: seqinbox %s (attempt %d) from %s",
 		name, strings.Join(req.args, " "), req.run.Attempt, s.image)
@@ -254,40 +252,29 @@ func (r *Reconciler) createJob(ctx context.Context, s *scope, req jobRequest, na
 
 // buildJob renders the Job of one attempt: `seqinbox <args>` from the target image, one pod, no
 // retries by the Job controller (the operator retries with a new Job and its own backoff).
-func buildJob(inbox *v1alpha1.SequentialInbox, image string, req jobRequest, name string) *batchv1.Job {
+func buildJob(inbox *v1alpha1.SequentialInbox, image string, req jobRequest, name string) *batchv1ac.JobApplyConfiguration {
 	labels := objectLabels(inbox, req.component)
 	annotations := map[string]string{annotationJobKey: req.run.Key, annotationAttempt: strconv.Itoa(int(req.run.Attempt))}
 	for k, v := range req.annotations {
 		annotations[k] = v
 	}
-	return &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: inbox.Namespace, Labels: labels, Annotations: annotations},
-		Spec: batchv1.JobSpec{
-			BackoffLimit:            ptr.To(int32(0)),
-			ActiveDeadlineSeconds:   ptr.To(int64(jobDeadline.Seconds())),
-			TTLSecondsAfterFinished: ptr.To(int32(jobTTL.Seconds())),
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					RestartPolicy:                corev1.RestartPolicyNever,
-					AutomountServiceAccountToken: ptr.To(false),
-					EnableServiceLinks:           ptr.To(false),
-					SecurityContext:              podSecurityContext(),
-					ImagePullSecrets:             inbox.Spec.ImagePullSecrets,
-					Containers: []corev1.Container{{
-						Name:                     jobContainer,
-						Image:                    image,
-						Args:                     req.args,
-						Env:                      append([]corev1.EnvVar{databaseURLEnv(inbox)}, req.env...),
-						TerminationMessagePath:   corev1.TerminationMessagePathDefault,
-						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-						SecurityContext:          containerSecurityContext(),
-						Resources:                jobResources(),
-					}},
-				},
-			},
-		},
-	}
+	container := corev1ac.Container().
+		WithName(jobContainer).
+		WithImage(image).
+		WithArgs(req.args...).
+		WithEnv(append([]*corev1ac.EnvVarApplyConfiguration{databaseURLEnv(inbox)}, req.env...)...).
+		WithTerminationMessagePath(corev1.TerminationMessagePathDefault).
+		WithResources(resourceRequirements(jobResources()))
+	return batchv1ac.Job(name, inbox.Namespace).
+		WithLabels(labels).
+		WithAnnotations(annotations).
+		WithSpec(batchv1ac.JobSpec().
+			WithBackoffLimit(0).
+			WithActiveDeadlineSeconds(int64(jobDeadline.Seconds())).
+			WithTTLSecondsAfterFinished(int32(jobTTL.Seconds())).
+			WithTemplate(corev1ac.PodTemplateSpec().
+				WithLabels(labels).
+				WithSpec(hardenedPod(inbox, container).WithRestartPolicy(corev1.RestartPolicyNever))))
 }
 
 // reportArgs runs `seqinbox migrate`, printing its JSON report into the termination message.

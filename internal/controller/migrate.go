@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
@@ -40,7 +41,7 @@ func (r *Reconciler) migrateSchema(ctx context.Context, s *scope) (phaseResult, 
 		return proceed, nil
 	}
 	out, err := r.runJob(ctx, s, jobRequest{component: componentMigration, run: run, args: reportArgs(),
-		env: []corev1.EnvVar{{Name: inboxEnv, Value: manifest.InboxName(s.inbox)}}})
+		env: []*corev1ac.EnvVarApplyConfiguration{corev1ac.EnvVar().WithName(inboxEnv).WithValue(manifest.InboxName(s.inbox))}})
 	if err != nil {
 		return proceed, fmt.Errorf("migrate schema: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 )
@@ -21,12 +22,13 @@ func TestSinkSecretsReachTheConsumerAsFiles(t *testing.T) {
 	pod := consumerDeployment(s).Spec.Template.Spec
 	env := map[string]string{}
 	for _, e := range pod.Containers[0].Env {
-		env[e.Name] = e.Value
+		env[ptr.Deref(e.Name, "")] = ptr.Deref(e.Value, "")
 	}
 	projected := map[string]corev1.KeyToPath{}
 	for _, src := range pod.Volumes[0].Projected.Sources {
 		if src.Secret != nil {
-			projected[src.Secret.Name+"/"+src.Secret.Items[0].Key] = src.Secret.Items[0]
+			item := keyToPath(src.Secret.Items[0])
+			projected[ptr.Deref(src.Secret.Name, "")+"/"+item.Key] = item
 		}
 	}
 	want := []struct{ secretKey, file, env string }{

@@ -2,20 +2,22 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"path"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/kafkaauth"
@@ -43,19 +45,20 @@ const (
 // ensureWorkload applies the consumer Deployment, its PodDisruptionBudget and the metrics Service
 // with server-side apply, and records what now runs.
 func (r *Reconciler) ensureWorkload(ctx context.Context, s *scope) (phaseResult, error) {
-	deployment := consumerDeployment(s)
-	applied, err := r.apply(ctx, s.inbox, deployment)
+	owner, err := r.controllerRef(s.inbox)
 	if err != nil {
 		return proceed, err
 	}
-	var current appsv1.Deployment
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(applied, &current); err != nil {
-		return proceed, fmt.Errorf("decode applied deployment: %w", err)
+	deployment := consumerDeployment(s).WithOwnerReferences(owner)
+	if err := r.apply(ctx, deployment, client.ForceOwnership); err != nil {
+		return proceed, err
 	}
-	s.deployment = &current
-	s.running = runningEngine(&current)
-	for _, obj := range []client.Object{consumerPDB(s.inbox), metricsService(s.inbox)} {
-		if _, err := r.apply(ctx, s.inbox, obj); err != nil {
+	if s.deployment, err = appliedDeployment(deployment); err != nil {
+		return proceed, err
+	}
+	s.running = runningEngine(s.deployment)
+	for _, obj := range []appliedObject{consumerPDB(s.inbox).WithOwnerReferences(owner), metricsService(s.inbox).WithOwnerReferences(owner)} {
+		if err := r.apply(ctx, obj, client.ForceOwnership); err != nil {
 			return proceed, err
 		}
 	}
@@ -67,129 +70,158 @@ func (r *Reconciler) ensureWorkload(ctx context.Context, s *scope) (phaseResult,
 	return proceed, nil
 }
 
-// apply server-side applies obj (owned by the inbox) as the operator's field manager and returns
-// the object the server holds afterwards.
-func (r *Reconciler) apply(ctx context.Context, inbox *v1alpha1.SequentialInbox, obj client.Object) (map[string]any, error) {
-	if err := controllerutil.SetControllerReference(inbox, obj, r.Client.Scheme()); err != nil {
-		return nil, fmt.Errorf("own %s: %w", obj.GetName(), err)
+// appliedObject is the apply configuration of one named object, as client-go generates them.
+type appliedObject interface {
+	runtime.ApplyConfiguration
+	GetKind() *string
+	GetName() *string
+}
+
+// apply server-side applies obj as the operator's field manager; the answer, the object the
+// server holds afterwards, is decoded into obj.
+func (r *Reconciler) apply(ctx context.Context, obj appliedObject, opts ...client.ApplyOption) error {
+	if err := r.Client.Apply(ctx, obj, append(opts, client.FieldOwner(fieldOwner))...); err != nil {
+		return fmt.Errorf("apply %s %s: %w", ptr.Deref(obj.GetKind(), ""), ptr.Deref(obj.GetName(), ""), err)
 	}
-	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	return nil
+}
+
+// controllerRef makes owner the controller of an applied object: the garbage collector deletes
+// the object with its owner (blocking the owner's foreground deletion until then), and the
+// owner's controller watches it.
+func (r *Reconciler) controllerRef(owner client.Object) (*metav1ac.OwnerReferenceApplyConfiguration, error) {
+	gvk, err := apiutil.GVKForObject(owner, r.Client.Scheme())
 	if err != nil {
-		return nil, fmt.Errorf("convert %s: %w", obj.GetName(), err)
+		return nil, fmt.Errorf("owner %s: %w", owner.GetName(), err)
 	}
-	// Typed objects carry zero values that are not part of the intent.
-	delete(u, "status")
-	unstructured.RemoveNestedField(u, "metadata", "creationTimestamp")
-	unstructured.RemoveNestedField(u, "spec", "template", "metadata", "creationTimestamp")
-	applyObj := &unstructured.Unstructured{Object: u}
-	if err := r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(applyObj), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
-		return nil, fmt.Errorf("apply %s %s: %w", applyObj.GetKind(), obj.GetName(), err)
+	return metav1ac.OwnerReference().
+		WithAPIVersion(gvk.GroupVersion().String()).WithKind(gvk.Kind).
+		WithName(owner.GetName()).WithUID(owner.GetUID()).
+		WithController(true).WithBlockOwnerDeletion(true), nil
+}
+
+// appliedDeployment reads the Deployment that an apply decoded into its apply configuration: the
+// Deployment as the server holds it after the apply, status included (the cache may lag behind).
+func appliedDeployment(ac *appsv1ac.DeploymentApplyConfiguration) (*appsv1.Deployment, error) {
+	data, err := json.Marshal(ac)
+	if err != nil {
+		return nil, fmt.Errorf("encode applied deployment: %w", err)
 	}
-	return applyObj.Object, nil
+	var d appsv1.Deployment
+	if err := json.Unmarshal(data, &d); err != nil {
+		return nil, fmt.Errorf("decode applied deployment: %w", err)
+	}
+	return &d, nil
 }
 
 // consumerDeployment renders the consumer Deployment for the target image and configuration.
-func consumerDeployment(s *scope) *appsv1.Deployment {
+func consumerDeployment(s *scope) *appsv1ac.DeploymentApplyConfiguration {
 	inbox := s.inbox
 	labels := objectLabels(inbox, componentConsumer)
-	return &appsv1.Deployment{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
-		ObjectMeta: metav1.ObjectMeta{Name: deploymentName(inbox), Namespace: inbox.Namespace, Labels: labels},
-		Spec: appsv1.DeploymentSpec{
-			Replicas:             ptr.To(s.replicas),
-			Selector:             &metav1.LabelSelector{MatchLabels: selectorLabels(inbox, componentConsumer)},
-			RevisionHistoryLimit: ptr.To(int32(3)),
+	return appsv1ac.Deployment(deploymentName(inbox), inbox.Namespace).
+		WithLabels(labels).
+		WithSpec(appsv1ac.DeploymentSpec().
+			WithReplicas(s.replicas).
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(selectorLabels(inbox, componentConsumer))).
+			WithRevisionHistoryLimit(3).
 			// Within one claim protocol old and new consumers may overlap; never fewer than asked.
-			Strategy: appsv1.DeploymentStrategy{
-				Type: appsv1.RollingUpdateDeploymentStrategyType,
-				RollingUpdate: &appsv1.RollingUpdateDeployment{
-					MaxUnavailable: ptr.To(intstr.FromInt32(0)),
-					MaxSurge:       ptr.To(intstr.FromInt32(1)),
-				},
-			},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{
-					Labels: labels,
-					Annotations: map[string]string{
-						annotationConfigHash:    s.configHash,
-						annotationEngineVersion: s.target.Version,
-						annotationClaimProtocol: s.target.ClaimProtocol,
-						annotationGroupProtocol: s.target.GroupProtocol,
-					},
-				},
-				Spec: consumerPodSpec(s),
-			},
-		},
-	}
+			WithStrategy(appsv1ac.DeploymentStrategy().
+				WithType(appsv1.RollingUpdateDeploymentStrategyType).
+				WithRollingUpdate(appsv1ac.RollingUpdateDeployment().
+					WithMaxUnavailable(intstr.FromInt32(0)).
+					WithMaxSurge(intstr.FromInt32(1)))).
+			WithTemplate(corev1ac.PodTemplateSpec().
+				WithLabels(labels).
+				WithAnnotations(map[string]string{
+					annotationConfigHash:    s.configHash,
+					annotationEngineVersion: s.target.Version,
+					annotationClaimProtocol: s.target.ClaimProtocol,
+					annotationGroupProtocol: s.target.GroupProtocol,
+				}).
+				WithSpec(consumerPodSpec(s))))
 }
 
-func consumerPodSpec(s *scope) corev1.PodSpec {
+func consumerPodSpec(s *scope) *corev1ac.PodSpecApplyConfiguration {
 	inbox := s.inbox
-	grace := int64(inbox.Spec.Kafka.MaxPollIntervalMs/1000) + shutdownMargin
-	return corev1.PodSpec{
-		AutomountServiceAccountToken:  ptr.To(false),
-		EnableServiceLinks:            ptr.To(false),
-		TerminationGracePeriodSeconds: &grace,
-		SecurityContext:               podSecurityContext(),
-		ImagePullSecrets:              inbox.Spec.ImagePullSecrets,
-		TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{
-			MaxSkew:           1,
-			TopologyKey:       "kubernetes.io/hostname",
-			WhenUnsatisfiable: corev1.ScheduleAnyway,
-			LabelSelector:     &metav1.LabelSelector{MatchLabels: selectorLabels(inbox, componentConsumer)},
-		}},
-		Containers: []corev1.Container{{
-			Name:  consumerContainer,
-			Image: s.image,
-			Args: []string{"consume", "-f", configPath,
-				"--health-probe-bind-address", fmt.Sprintf(":%d", healthPort),
-				"--metrics-bind-address", fmt.Sprintf(":%d", metricsPort),
-				"--instance-id", "$(POD_NAME)"},
-			Env: consumerEnv(inbox),
-			Ports: []corev1.ContainerPort{
-				{Name: "metrics", ContainerPort: metricsPort, Protocol: corev1.ProtocolTCP},
-				{Name: "health", ContainerPort: healthPort, Protocol: corev1.ProtocolTCP},
-			},
-			LivenessProbe: &corev1.Probe{
-				ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("health")}},
-				PeriodSeconds:    10,
-				FailureThreshold: 3,
-			},
-			// Ready only after the schema check and the version fence passed (SPEC §7).
-			ReadinessProbe: &corev1.Probe{
-				ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromString("health")}},
-				PeriodSeconds: 5,
-			},
-			Resources:                consumerResources(inbox),
-			SecurityContext:          containerSecurityContext(),
-			TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-			VolumeMounts: []corev1.VolumeMount{
-				{Name: "config", MountPath: configDir, ReadOnly: true},
-				{Name: "tmp", MountPath: "/tmp"},
-			},
-		}},
-		Volumes: []corev1.Volume{
-			{Name: "config", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
-				DefaultMode: ptr.To(int32(0o440)),
-				Sources:     configSources(s),
-			}}},
-			{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("64Mi"))}}},
-		},
+	consumer := corev1ac.Container().
+		WithName(consumerContainer).
+		WithImage(s.image).
+		WithArgs("consume", "-f", configPath,
+			"--health-probe-bind-address", fmt.Sprintf(":%d", healthPort),
+			"--metrics-bind-address", fmt.Sprintf(":%d", metricsPort),
+			"--instance-id", "$(POD_NAME)").
+		WithEnv(consumerEnv(inbox)...).
+		WithPorts(
+			corev1ac.ContainerPort().WithName("metrics").WithContainerPort(metricsPort).WithProtocol(corev1.ProtocolTCP),
+			corev1ac.ContainerPort().WithName("health").WithContainerPort(healthPort).WithProtocol(corev1.ProtocolTCP)).
+		WithLivenessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromString("health"))).
+			WithPeriodSeconds(10).
+			WithFailureThreshold(3)).
+		// Ready only after the schema check and the version fence passed (SPEC §7).
+		WithReadinessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/readyz").WithPort(intstr.FromString("health"))).
+			WithPeriodSeconds(5)).
+		WithResources(resourceRequirements(consumerResources(inbox))).
+		WithVolumeMounts(
+			corev1ac.VolumeMount().WithName("config").WithMountPath(configDir).WithReadOnly(true),
+			corev1ac.VolumeMount().WithName("tmp").WithMountPath("/tmp"))
+	return hardenedPod(inbox, consumer).
+		WithTerminationGracePeriodSeconds(int64(inbox.Spec.Kafka.MaxPollIntervalMs/1000)+shutdownMargin).
+		WithTopologySpreadConstraints(corev1ac.TopologySpreadConstraint().
+			WithMaxSkew(1).
+			WithTopologyKey("kubernetes.io/hostname").
+			WithWhenUnsatisfiable(corev1.ScheduleAnyway).
+			WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(selectorLabels(inbox, componentConsumer)))).
+		WithVolumes(
+			corev1ac.Volume().WithName("config").WithProjected(corev1ac.ProjectedVolumeSource().
+				WithDefaultMode(0o440).
+				WithSources(configSources(s)...)),
+			corev1ac.Volume().WithName("tmp").WithEmptyDir(corev1ac.EmptyDirVolumeSource().WithSizeLimit(resource.MustParse("64Mi"))))
+}
+
+// hardenedPod is the pod of the consumers and of every Job, around its one container c: c runs
+// as the non-root user with a read-only root, no privileges and the runtime's default seccomp
+// profile (the "restricted" Pod Security Standard) and leaves its log tail as termination message
+// when it fails; the pod mounts no service account token, gets no service links and pulls with
+// the inbox's pull secrets. FSGroup gives the user the group of the mounted configuration, whose
+// files are 0440 and owned by root.
+func hardenedPod(inbox *v1alpha1.SequentialInbox, c *corev1ac.ContainerApplyConfiguration) *corev1ac.PodSpecApplyConfiguration {
+	pullSecrets := make([]*corev1ac.LocalObjectReferenceApplyConfiguration, 0, len(inbox.Spec.ImagePullSecrets))
+	for _, ref := range inbox.Spec.ImagePullSecrets {
+		pullSecrets = append(pullSecrets, corev1ac.LocalObjectReference().WithName(ref.Name))
 	}
+	return corev1ac.PodSpec().
+		WithAutomountServiceAccountToken(false).
+		WithEnableServiceLinks(false).
+		WithSecurityContext(corev1ac.PodSecurityContext().
+			WithRunAsNonRoot(true).
+			WithRunAsUser(runAsUser).
+			WithRunAsGroup(runAsUser).
+			WithFSGroup(runAsUser).
+			WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
+		WithImagePullSecrets(pullSecrets...).
+		WithContainers(c.
+			WithSecurityContext(corev1ac.SecurityContext().
+				WithRunAsNonRoot(true).
+				WithReadOnlyRootFilesystem(true).
+				WithAllowPrivilegeEscalation(false).
+				WithPrivileged(false).
+				WithCapabilities(corev1ac.Capabilities().WithDrop("ALL")).
+				WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
+			WithTerminationMessagePolicy(corev1.TerminationMessageFallbackToLogsOnError))
 }
 
 // configSources project the rendered manifest and, with TLS, the Kafka CA and the client
 // certificate and key into configDir.
-func configSources(s *scope) []corev1.VolumeProjection {
-	sources := []corev1.VolumeProjection{{ConfigMap: &corev1.ConfigMapProjection{
-		LocalObjectReference: corev1.LocalObjectReference{Name: s.configMap},
-		Items:                []corev1.KeyToPath{{Key: configKey, Path: configKey}},
-	}}}
-	secretFile := func(ref corev1.SecretKeySelector, file string) corev1.VolumeProjection {
-		return corev1.VolumeProjection{Secret: &corev1.SecretProjection{
-			LocalObjectReference: ref.LocalObjectReference,
-			Items:                []corev1.KeyToPath{{Key: ref.Key, Path: file}},
-		}}
+func configSources(s *scope) []*corev1ac.VolumeProjectionApplyConfiguration {
+	sources := []*corev1ac.VolumeProjectionApplyConfiguration{corev1ac.VolumeProjection().WithConfigMap(corev1ac.ConfigMapProjection().
+		WithName(s.configMap).
+		WithItems(corev1ac.KeyToPath().WithKey(configKey).WithPath(configKey)))}
+	secretFile := func(ref corev1.SecretKeySelector, file string) *corev1ac.VolumeProjectionApplyConfiguration {
+		return corev1ac.VolumeProjection().WithSecret(corev1ac.SecretProjection().
+			WithName(ref.Name).
+			WithItems(corev1ac.KeyToPath().WithKey(ref.Key).WithPath(file)))
 	}
 	tls := s.inbox.Spec.Kafka.TLS
 	if tls != nil && tls.CASecretRef != nil {
@@ -240,68 +272,56 @@ func sinkFiles(sink *v1alpha1.SinkSpec) []fileFromSecret {
 
 // consumerEnv passes the pod name, the Secret-held settings and the memory limit; the rest is in the
 // manifest.
-func consumerEnv(inbox *v1alpha1.SequentialInbox) []corev1.EnvVar {
-	env := []corev1.EnvVar{
-		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+func consumerEnv(inbox *v1alpha1.SequentialInbox) []*corev1ac.EnvVarApplyConfiguration {
+	value := func(name, value string) *corev1ac.EnvVarApplyConfiguration {
+		return corev1ac.EnvVar().WithName(name).WithValue(value)
+	}
+	env := []*corev1ac.EnvVarApplyConfiguration{
+		corev1ac.EnvVar().WithName("POD_NAME").WithValueFrom(corev1ac.EnvVarSource().
+			WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("metadata.name"))),
 		databaseURLEnv(inbox),
 	}
 	if sasl := inbox.Spec.Kafka.SASL; sasl != nil {
-		user := corev1.EnvVar{Name: "SEQINBOX_KAFKA_USERNAME", Value: sasl.Username}
+		user := value("SEQINBOX_KAFKA_USERNAME", sasl.Username)
 		if sasl.UsernameSecretRef != nil {
-			user = corev1.EnvVar{Name: user.Name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: sasl.UsernameSecretRef.DeepCopy()}}
+			user = corev1ac.EnvVar().WithName("SEQINBOX_KAFKA_USERNAME").WithValueFrom(fromSecret(*sasl.UsernameSecretRef))
 		}
 		env = append(env, user,
-			corev1.EnvVar{Name: "SEQINBOX_KAFKA_PASSWORD", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: sasl.PasswordSecretRef.DeepCopy()}})
+			corev1ac.EnvVar().WithName("SEQINBOX_KAFKA_PASSWORD").WithValueFrom(fromSecret(sasl.PasswordSecretRef)))
 	}
 	tls := inbox.Spec.Kafka.TLS
 	if tls != nil && tls.CASecretRef != nil {
-		env = append(env, corev1.EnvVar{Name: "SEQINBOX_KAFKA_CA_FILE", Value: path.Join(configDir, kafkaCAFile)})
+		env = append(env, value("SEQINBOX_KAFKA_CA_FILE", path.Join(configDir, kafkaCAFile)))
 	}
 	if tls != nil && tls.ClientCertificate != nil {
 		env = append(env,
-			corev1.EnvVar{Name: "SEQINBOX_KAFKA_CERT_FILE", Value: path.Join(configDir, kafkaCertFile)},
-			corev1.EnvVar{Name: "SEQINBOX_KAFKA_KEY_FILE", Value: path.Join(configDir, kafkaKeyFile)})
+			value("SEQINBOX_KAFKA_CERT_FILE", path.Join(configDir, kafkaCertFile)),
+			value("SEQINBOX_KAFKA_KEY_FILE", path.Join(configDir, kafkaKeyFile)))
 	}
 	for _, f := range sinkFiles(&inbox.Spec.Sink) {
-		env = append(env, corev1.EnvVar{Name: f.env, Value: path.Join(configDir, f.file)})
+		env = append(env, value(f.env, path.Join(configDir, f.file)))
 	}
 	// The consumer bounds the bytes of the records it holds by a share of its memory limit. Only a
 	// set limit is passed: without one, the downward API would give the node's allocatable memory.
 	if _, ok := consumerResources(inbox).Limits[corev1.ResourceMemory]; ok {
-		env = append(env, corev1.EnvVar{Name: "SEQINBOX_MEMORY_LIMIT", ValueFrom: &corev1.EnvVarSource{
-			ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: consumerContainer, Resource: "limits.memory"}}})
+		env = append(env, corev1ac.EnvVar().WithName("SEQINBOX_MEMORY_LIMIT").WithValueFrom(corev1ac.EnvVarSource().
+			WithResourceFieldRef(corev1ac.ResourceFieldSelector().WithContainerName(consumerContainer).WithResource("limits.memory"))))
 	}
 	return env
 }
 
 // databaseURLEnv hands the database URL from its Secret to the consumer and the Jobs.
-func databaseURLEnv(inbox *v1alpha1.SequentialInbox) corev1.EnvVar {
-	return corev1.EnvVar{Name: "SEQINBOX_DATABASE_URL",
-		ValueFrom: &corev1.EnvVarSource{SecretKeyRef: inbox.Spec.Database.URLSecretRef.DeepCopy()}}
+func databaseURLEnv(inbox *v1alpha1.SequentialInbox) *corev1ac.EnvVarApplyConfiguration {
+	return corev1ac.EnvVar().WithName("SEQINBOX_DATABASE_URL").WithValueFrom(fromSecret(inbox.Spec.Database.URLSecretRef))
 }
 
-// podSecurityContext: non-root, with the runtime's default seccomp profile. FSGroup gives the
-// non-root user the group of the mounted configuration, whose files are 0440 and owned by root.
-func podSecurityContext() *corev1.PodSecurityContext {
-	return &corev1.PodSecurityContext{
-		RunAsNonRoot:   ptr.To(true),
-		RunAsUser:      ptr.To(int64(runAsUser)),
-		RunAsGroup:     ptr.To(int64(runAsUser)),
-		FSGroup:        ptr.To(int64(runAsUser)),
-		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+// fromSecret reads a variable from the Secret key that the spec names.
+func fromSecret(ref corev1.SecretKeySelector) *corev1ac.EnvVarSourceApplyConfiguration {
+	key := corev1ac.SecretKeySelector().WithName(ref.Name).WithKey(ref.Key)
+	if ref.Optional != nil {
+		key.WithOptional(*ref.Optional)
 	}
-}
-
-// containerSecurityContext meets the "restricted" Pod Security Standard with a read-only root.
-func containerSecurityContext() *corev1.SecurityContext {
-	return &corev1.SecurityContext{
-		RunAsNonRoot:             ptr.To(true),
-		ReadOnlyRootFilesystem:   ptr.To(true),
-		AllowPrivilegeEscalation: ptr.To(false),
-		Privileged:               ptr.To(false),
-		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-	}
+	return corev1ac.EnvVarSource().WithSecretKeyRef(key)
 }
 
 // consumerResources are spec.resources, or requests and a memory limit that fit a consumer with
@@ -324,26 +344,43 @@ func jobResources() corev1.ResourceRequirements {
 	}
 }
 
-// consumerPDB lets voluntary disruptions (node drains) take one consumer at a time.
-func consumerPDB(inbox *v1alpha1.SequentialInbox) *policyv1.PodDisruptionBudget {
-	return &policyv1.PodDisruptionBudget{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "policy/v1", Kind: "PodDisruptionBudget"},
-		ObjectMeta: metav1.ObjectMeta{Name: pdbName(inbox), Namespace: inbox.Namespace, Labels: objectLabels(inbox, componentConsumer)},
-		Spec: policyv1.PodDisruptionBudgetSpec{
-			MaxUnavailable: ptr.To(intstr.FromInt32(1)),
-			Selector:       &metav1.LabelSelector{MatchLabels: selectorLabels(inbox, componentConsumer)},
-		},
+// resourceRequirements are the requests, limits and claims of r as the container's resources.
+func resourceRequirements(r corev1.ResourceRequirements) *corev1ac.ResourceRequirementsApplyConfiguration {
+	ac := corev1ac.ResourceRequirements()
+	if len(r.Requests) > 0 {
+		ac.WithRequests(r.Requests)
 	}
+	if len(r.Limits) > 0 {
+		ac.WithLimits(r.Limits)
+	}
+	for _, c := range r.Claims {
+		claim := corev1ac.ResourceClaim().WithName(c.Name)
+		if c.Request != "" {
+			claim.WithRequest(c.Request)
+		}
+		ac.WithClaims(claim)
+	}
+	return ac
+}
+
+// consumerPDB lets voluntary disruptions (node drains) take one consumer at a time.
+func consumerPDB(inbox *v1alpha1.SequentialInbox) *policyv1ac.PodDisruptionBudgetApplyConfiguration {
+	return policyv1ac.PodDisruptionBudget(pdbName(inbox), inbox.Namespace).
+		WithLabels(objectLabels(inbox, componentConsumer)).
+		WithSpec(policyv1ac.PodDisruptionBudgetSpec().
+			WithMaxUnavailable(intstr.FromInt32(1)).
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(selectorLabels(inbox, componentConsumer))))
 }
 
 // metricsService exposes the consumers' Prometheus metrics.
-func metricsService(inbox *v1alpha1.SequentialInbox) *corev1.Service {
-	return &corev1.Service{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
-		ObjectMeta: metav1.ObjectMeta{Name: metricsServiceName(inbox), Namespace: inbox.Namespace, Labels: objectLabels(inbox, componentConsumer)},
-		Spec: corev1.ServiceSpec{
-			Selector: selectorLabels(inbox, componentConsumer),
-			Ports:    []corev1.ServicePort{{Name: "metrics", Port: metricsPort, TargetPort: intstr.FromString("metrics"), Protocol: corev1.ProtocolTCP}},
-		},
-	}
+func metricsService(inbox *v1alpha1.SequentialInbox) *corev1ac.ServiceApplyConfiguration {
+	return corev1ac.Service(metricsServiceName(inbox), inbox.Namespace).
+		WithLabels(objectLabels(inbox, componentConsumer)).
+		WithSpec(corev1ac.ServiceSpec().
+			WithSelector(selectorLabels(inbox, componentConsumer)).
+			WithPorts(corev1ac.ServicePort().
+				WithName("metrics").
+				WithPort(metricsPort).
+				WithTargetPort(intstr.FromString("metrics")).
+				WithProtocol(corev1.ProtocolTCP)))
 }

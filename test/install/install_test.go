@@ -158,6 +158,7 @@ func TestInstallBundleIsAcceptedAndItsRBACRunsTheOperator(t *testing.T) {
 		{authorizationv1.ResourceAttributes{Verb: "update", Group: "inbox.seqinbox.dev", Resource: "sequentialinboxes", Namespace: "shop"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "create", Resource: "pods", Namespace: "shop"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "create", Group: "batch", Resource: "jobs", Namespace: "shop"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "patch", Group: "batch", Resource: "jobs", Namespace: "shop"}, true}, // server-side apply
 		{authorizationv1.ResourceAttributes{Verb: "watch", Group: "inbox.seqinbox.dev", Resource: "sequentialinboxactions", Namespace: "shop"}, true},
 		{authorizationv1.ResourceAttributes{Verb: "patch", Group: "inbox.seqinbox.dev", Resource: "sequentialinboxactions", Subresource: "status", Namespace: "shop"}, true},
 		{authorizationv1.ResourceAttributes{Verb: "update", Group: "inbox.seqinbox.dev", Resource: "sequentialinboxactions", Subresource: "finalizers", Namespace: "shop"}, true},
