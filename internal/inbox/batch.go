@@ -121,10 +121,8 @@ func (e *Engine) processBatchInOneClaimTx(ctx context.Context, recs []Record) ([
 	}
 	defer conn.Release()
 	for attempt := 1; ; attempt++ {
-		for _, it := range items {
-			if it.instanceID, err = e.getOrCreateInstance(ctx, conn, it.mt.Sequence, it.msg.ContextID); err != nil {
-				return nil, err
-			}
+		if err := e.getOrCreateInstances(ctx, conn, items); err != nil {
+			return nil, err
 		}
 		b := &batchRun{e: e, conn: conn, items: items, recording: e.recording()}
 		err = b.claimAndProcess(ctx)

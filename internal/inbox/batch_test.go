@@ -190,8 +190,9 @@ func (r *retryLog) option() harnessOption {
 }
 
 // TestBatchesRacingOnOverlappingKeysInOppositeOrdersNeverDeadlock races batches holding the same
-// messages in opposite orders. The claims are taken in one fixed order, so no batch waits for
-// another in a cycle: no deadlock to retry, one listener call per message, never two at once.
+// messages of new instances in opposite orders. The instances are created and the claims taken in
+// one fixed order, so no batch waits for another in a cycle: no deadlock to retry, one listener
+// call per message, never two at once.
 func TestBatchesRacingOnOverlappingKeysInOppositeOrdersNeverDeadlock(t *testing.T) {
 	var retries retryLog
 	h := newHarness(t, chainSet(), retries.option())

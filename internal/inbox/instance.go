@@ -1,13 +1,18 @@
 package inbox
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/seqinbox/seqinbox/internal/sequence"
 )
@@ -51,6 +56,81 @@ func (e *Engine) getOrCreateInstance(ctx context.Context, q querier, seq *sequen
 		return id, nil
 	}
 	return 0, fmt.Errorf("instance %s/%s: created and deleted concurrently %d times", seq.Name, contextID, maxInstanceAttempts)
+}
+
+// insertInstancesSQL is insertInstanceSQL for the instances of a batch that the cache does not
+// know, inserted in the order of the arrays, which are sorted by (sequence, context ID): two
+// batches creating the same instances wait for each other but never in a cycle.
+const insertInstancesSQL = `INSERT INTO sequence_instance (name, context_id, retain_until)
+SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[])
+ON CONFLICT (name, context_id) DO NOTHING`
+
+// selectInstancesSQL reads the instances of a batch after insertInstancesSQL, in a new snapshot:
+// those it created and those it found existing (committed by others, for whom it waited). Each
+// key is probed on its own (a lateral LIMIT 1), whatever the table's statistics say.
+const selectInstancesSQL = `SELECT k.name, k.context_id, i.id FROM unnest($1::text[], $2::text[]) AS k(name, context_id)
+CROSS JOIN LATERAL (SELECT id FROM sequence_instance WHERE name = k.name AND context_id = k.context_id LIMIT 1) i`
+
+// getOrCreateInstances sets the instance of every item of a batch, as getOrCreateInstance does
+// for one record: known ids from the cache, all others created or found in one round trip, in
+// one short transaction of their own that commits before any claim references them. A batch of
+// new orders thus costs one instance transaction instead of one per record.
+func (e *Engine) getOrCreateInstances(ctx context.Context, conn *pgxpool.Conn, items []*batchItem) error {
+	ids := map[instanceKey]int64{}
+	missing := map[instanceKey]*sequence.Sequence{}
+	for _, it := range items {
+		key := instanceKey{it.mt.Sequence.Name, it.msg.ContextID}
+		if id, ok := e.instances.get(key); ok {
+			ids[key] = id
+		} else {
+			missing[key] = it.mt.Sequence
+		}
+	}
+	// A key stays missing only when housekeeping deleted its row between insert and re-read.
+	for attempt := 0; len(missing) > 0; attempt++ {
+		if attempt == maxInstanceAttempts {
+			return fmt.Errorf("instances of a batch: %d created and deleted concurrently %d times", len(missing), maxInstanceAttempts)
+		}
+		keys := slices.SortedFunc(maps.Keys(missing), func(x, y instanceKey) int {
+			return cmp.Or(cmp.Compare(x.sequence, y.sequence), cmp.Compare(x.contextID, y.contextID))
+		})
+		names, contexts, retain := make([]string, len(keys)), make([]string, len(keys)), make([]time.Time, len(keys))
+		for i, k := range keys {
+			names[i], contexts[i], retain[i] = k.sequence, k.contextID, e.clock.Now().Add(missing[k].Retention)
+		}
+		q := &pgx.Batch{}
+		q.Queue(insertInstancesSQL, names, contexts, retain)
+		q.Queue(selectInstancesSQL, names, contexts)
+		br := conn.SendBatch(ctx, q)
+		err := func() error {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+			rows, err := br.Query()
+			if err != nil {
+				return err
+			}
+			var key instanceKey
+			var id int64
+			_, err = pgx.ForEachRow(rows, []any{&key.sequence, &key.contextID, &id}, func() error {
+				ids[key] = id
+				e.instances.put(key, id)
+				delete(missing, key)
+				return nil
+			})
+			return err
+		}()
+		if closeErr := br.Close(); err == nil {
+			err = closeErr
+		}
+		if err != nil {
+			return fmt.Errorf("instances of a batch (%s/%s and %d more): %w", keys[0].sequence, keys[0].contextID, len(keys)-1, err)
+		}
+	}
+	for _, it := range items {
+		it.instanceID = ids[instanceKey{it.mt.Sequence.Name, it.msg.ContextID}]
+	}
+	return nil
 }
 
 // instanceKey identifies an instance.

@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -49,9 +50,9 @@ func TestHotStatementsProbeIndexesWhateverTheStatistics(t *testing.T) {
 		return types, ids
 	}
 	types, ids := keys()
-	instances := make([]int64, batch)
+	instances, contexts := make([]int64, batch), make([]string, batch)
 	for i := range instances {
-		instances[i] = int64(7*i + 1)
+		instances[i], contexts[i] = int64(7*i+1), fmt.Sprintf("fill-%d", 7*i+1)
 	}
 	var states insertStatesColumns
 	for i := range batch {
@@ -69,6 +70,7 @@ func TestHotStatementsProbeIndexesWhateverTheStatistics(t *testing.T) {
 	}{
 		{"claim lookup", lookupMessageSQL, []any{"A", ids[0]}},
 		{"instance state", instanceStateSQL, []any{instances[0]}},
+		{"batch instances", selectInstancesSQL, []any{slices.Repeat([]string{"chain"}, batch), contexts}},
 		{"batch lookup", lookupMessagesSQL, []any{types, ids}},
 		{"batch instance states", instancesStateSQL, []any{instances}},
 		{"batch states", insertStatesSQL, states.args()},
