@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
 // TestRecordsWaitingBehindEachOtherGoToTheEngineAsOneBatch produces the messages of each order
@@ -26,7 +28,7 @@ func TestRecordsWaitingBehindEachOtherGoToTheEngineAsOneBatch(t *testing.T) {
 			recs = append(recs, event(0, typ, order+"-"+typ, order))
 		}
 	}
-	produce(t, seeds, recs...)
+	testenv.Produce(t, seeds, recs...)
 	r := startConsumer(t, testInbox(t, seeds, "g-batch", s.srv.URL, sinkOpts{}), "batch-1")
 	waitUntil(t, "every record was processed", func() bool {
 		return r.events.count("Delivered")+r.events.count("Duplicate") == len(recs)

@@ -18,6 +18,7 @@ import (
 	"github.com/seqinbox/seqinbox/internal/decode"
 	"github.com/seqinbox/seqinbox/internal/inbox"
 	"github.com/seqinbox/seqinbox/internal/sink"
+	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
 // BenchmarkThroughput reports records/s end to end (kfake → decode → claim engine → HTTP sink,
@@ -156,7 +157,7 @@ func benchEndToEnd(b *testing.B, partitions int32) {
 	run, recs := benchRecords(partitions, b.N)
 
 	b.ResetTimer()
-	produce(b, seeds, recs...)
+	testenv.Produce(b, seeds, recs...)
 	waitUntil(b, "every record was processed", func() bool { return processed.Load() == int64(b.N) })
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")

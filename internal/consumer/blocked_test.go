@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/seqinbox/seqinbox/internal/fence"
+	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
 // outOfResources makes PostgreSQL refuse the claim of one idempotence ID with SQLSTATE 53000
@@ -59,7 +60,7 @@ func TestRecordRetriedAfterAnInfrastructureErrorShowsInTheGaugesAndTheRegistryUn
 	lift := outOfResources(t, pool, "blk-stuck")
 	r := startConsumer(t, testInbox(t, seeds, "g-blocked", s.srv.URL, sinkOpts{}), "blocked-1")
 	// Offset 0 is refused by the database; offset 1, of another order and key, runs meanwhile.
-	produce(t, seeds, event(0, "OrderCreated", "blk-stuck", "blk-o1"), event(0, "OrderCreated", "blk-other", "blk-o2"))
+	testenv.Produce(t, seeds, event(0, "OrderCreated", "blk-stuck", "blk-o1"), event(0, "OrderCreated", "blk-other", "blk-o2"))
 
 	waitUntil(t, "the refused record is retried and the other one delivered", func() bool {
 		return gauge(t, r.c, "seqinbox_record_retries_total", "cause", "Infrastructure") >= 2 && s.accepted()["blk-other"] == 1

@@ -56,14 +56,14 @@ func TestRecordsOutOfOrderAcrossPartitionsReachTheSinkInSequenceOrder(t *testing
 	s := newSink(t, nil)
 	const orders = 20
 	early, late := orderRecords("ooo", orders)
-	produce(t, seeds, early...)
+	testenv.Produce(t, seeds, early...)
 
 	r := startConsumer(t, testInbox(t, seeds, "g-ooo", s.srv.URL, sinkOpts{}), "ooo-1")
 	waitUntil(t, "Paid and Shipped of every order are buffered", func() bool { return r.events.count("Buffered") == 2*orders })
 	if n := len(s.deliveries()); n != 0 {
 		t.Fatalf("the sink received %d messages before any predecessor arrived, want none", n)
 	}
-	produce(t, seeds, late...)
+	testenv.Produce(t, seeds, late...)
 	waitUntil(t, "every message reached the sink", func() bool { return len(s.accepted()) == 3*orders })
 	waitUntil(t, "every record was processed", func() bool { return r.events.count("") == 3*orders })
 
@@ -95,7 +95,7 @@ func TestTwoConsumerGroupsAtOnceDeliverEveryMessageOnce(t *testing.T) {
 	b := startConsumer(t, testInbox(t, seeds, "g-two-b", s.srv.URL, sinkOpts{}), "two-b")
 	a.waitReady(t)
 	b.waitReady(t)
-	produce(t, seeds, append(late[:orders/2:orders/2], append(early, late[orders/2:]...)...)...)
+	testenv.Produce(t, seeds, append(late[:orders/2:orders/2], append(early, late[orders/2:]...)...)...)
 
 	total := 3 * orders
 	waitUntil(t, "both groups processed every record", func() bool {
@@ -124,7 +124,7 @@ func TestPoisonRecordsAreDeadLetteredWhileGoodRecordsFlow(t *testing.T) {
 	undeclared := event(0, "InvoiceSent", "p-undeclared", "p-o3")
 	badSubtype := event(0, "OrderValidated", "p-subtype", "p-o4", kgo.RecordHeader{Key: "ce_result", Value: []byte("MAYBE")})
 	goodSubtype := event(0, "OrderValidated", "p-good-validated", "p-o4", kgo.RecordHeader{Key: "ce_result", Value: []byte("OK")})
-	produce(t, seeds,
+	testenv.Produce(t, seeds,
 		event(0, "OrderCreated", "p-good-1", "p-o1"), badJSON,
 		event(0, "OrderCreated", "p-good-2", "p-o2"), noID,
 		undeclared, event(0, "OrderCreated", "p-good-3", "p-o3"),
@@ -133,7 +133,7 @@ func TestPoisonRecordsAreDeadLetteredWhileGoodRecordsFlow(t *testing.T) {
 	waitUntil(t, "every record was processed", func() bool { return r.events.count("") == 8 })
 
 	want := map[int64]string{1: decode.ClassInvalidJSON, 3: decode.ClassMissingID, 4: decode.ClassUndeclaredType, 6: decode.ClassInvalidSubtype}
-	letters := readTopic(t, seeds, "orders.dlq")
+	letters := testenv.ReadTopic(t, seeds, "orders.dlq")
 	if len(letters) != len(want) {
 		t.Fatalf("%d dead letters, want %d", len(letters), len(want))
 	}
@@ -169,7 +169,7 @@ func TestSinkErrorIsRetriedUntilSuccess(t *testing.T) {
 		return 204
 	})
 	r := startConsumer(t, testInbox(t, seeds, "g-500", s.srv.URL, sinkOpts{retries: 3}), "500-1")
-	produce(t, seeds, event(0, "OrderCreated", "r500-1", "r500-o1"))
+	testenv.Produce(t, seeds, event(0, "OrderCreated", "r500-1", "r500-o1"))
 	waitUntil(t, "the record was processed", func() bool { return r.events.count("") == 1 })
 
 	if got := r.events.all()[0].Outcome; got != "Delivered" {
@@ -179,7 +179,7 @@ func TestSinkErrorIsRetriedUntilSuccess(t *testing.T) {
 	if len(ds) != 2 || ds[0].Status != 500 || ds[1].Status != 204 {
 		t.Fatalf("sink saw %+v, want one 500 then one 204", ds)
 	}
-	if letters := readTopic(t, seeds, "orders.dlq"); len(letters) != 0 {
+	if letters := testenv.ReadTopic(t, seeds, "orders.dlq"); len(letters) != 0 {
 		t.Fatalf("%d dead letters for a message that was delivered", len(letters))
 	}
 }
@@ -197,7 +197,7 @@ func TestSinkDownFailsToDeadLetterAndTheRetryCommandProcessesIt(t *testing.T) {
 	})
 	inbox := testInbox(t, seeds, "g-down", s.srv.URL, sinkOpts{retries: 1})
 	r := startConsumer(t, inbox, "down-1")
-	produce(t, seeds, event(0, "OrderCreated", "down-1", "down-o1"), event(0, "OrderPaid", "down-2", "down-o1"))
+	testenv.Produce(t, seeds, event(0, "OrderCreated", "down-1", "down-o1"), event(0, "OrderPaid", "down-2", "down-o1"))
 	waitUntil(t, "both records were processed", func() bool { return r.events.count("") == 2 })
 	if got := r.events.all()[0].Outcome; got != "Failed" {
 		t.Fatalf("outcome of Created with the sink down: %s, want Failed", got)
@@ -205,7 +205,7 @@ func TestSinkDownFailsToDeadLetterAndTheRetryCommandProcessesIt(t *testing.T) {
 	if got := r.events.all()[1].Outcome; got != "Buffered" {
 		t.Fatalf("outcome of Paid after a failed Created: %s, want Buffered", got)
 	}
-	letters := readTopic(t, seeds, "orders.dlq")
+	letters := testenv.ReadTopic(t, seeds, "orders.dlq")
 	if len(letters) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(letters))
 	}
@@ -244,7 +244,7 @@ func TestGracefulShutdownDrainsWithoutLosingOrRepeatingADelivery(t *testing.T) {
 		order := fmt.Sprintf("drain-o%d", i)
 		recs = append(recs, event(int32(i%3), "OrderCreated", order+"-created", order))
 	}
-	produce(t, seeds, recs...)
+	testenv.Produce(t, seeds, recs...)
 	inbox := testInbox(t, seeds, "g-drain", s.srv.URL, sinkOpts{})
 
 	first := startConsumer(t, inbox, "drain-1")
@@ -300,7 +300,7 @@ func TestKilledMidDeliveryLeavesTheMessageToTheOtherConsumer(t *testing.T) {
 	})
 	so := sinkOpts{timeout: 8 * time.Second}
 	a := startConsumer(t, testInbox(t, seeds, "g-kill-a", s.srv.URL, so), "kill-a")
-	produce(t, seeds, event(0, "OrderCreated", "kill-1", "kill-o1"))
+	testenv.Produce(t, seeds, event(0, "OrderCreated", "kill-1", "kill-o1"))
 	waitUntil(t, "the first consumer's delivery hangs in the sink", func() bool { return s.hanging("kill-1") })
 
 	b := startConsumer(t, testInbox(t, seeds, "g-kill-b", s.srv.URL, so), "kill-b")
@@ -338,7 +338,7 @@ func TestFailedDeadLetterProduceHoldsTheRecordItsKeyAndTheCommittedOffset(t *tes
 	r := startConsumer(t, testInbox(t, seeds, "g-dlqdown", s.srv.URL, sinkOpts{}), "dlqdown-1")
 	// The poison record, a record of another order (runs meanwhile), and a record of the poison
 	// record's Kafka key (waits for it).
-	produce(t, seeds, event(0, "InvoiceSent", "dd-poison", "dd-o1"), event(0, "OrderCreated", "dd-good", "dd-o2"),
+	testenv.Produce(t, seeds, event(0, "InvoiceSent", "dd-poison", "dd-o1"), event(0, "OrderCreated", "dd-good", "dd-o2"),
 		event(0, "OrderCreated", "dd-same-key", "dd-o1"))
 	waitUntil(t, "the dead-letter produce failed and is retried, and the other order's record was delivered", func() bool {
 		return gauge(t, r.c, "seqinbox_record_retries_total", "cause", "DeadLetter") >= 1 && s.accepted()["dd-good"] == 1
@@ -365,7 +365,7 @@ func TestFailedDeadLetterProduceHoldsTheRecordItsKeyAndTheCommittedOffset(t *tes
 		return r.events.count(OutcomeDeadLettered) >= 1 && s.accepted()["dd-same-key"] == 1
 	})
 	r.waitReady(t)
-	if letters := readTopic(t, seeds, "orders.dlq"); len(letters) != 1 || deadletter.Read(letters[0]).Reason != decode.ClassUndeclaredType {
+	if letters := testenv.ReadTopic(t, seeds, "orders.dlq"); len(letters) != 1 || deadletter.Read(letters[0]).Reason != decode.ClassUndeclaredType {
 		t.Fatalf("dead letters %v, want the one UndeclaredType letter", letters)
 	}
 	if a := s.accepted(); a["dd-good"] != 1 || a["dd-same-key"] != 1 {
@@ -380,7 +380,7 @@ func TestOperatorActionsRunInTheConsumer(t *testing.T) {
 	s := newSink(t, nil)
 	r := startConsumer(t, testInbox(t, seeds, "g-actions", s.srv.URL, sinkOpts{}), "actions-1",
 		func(c *Config) { c.ActionsInterval = 50 * time.Millisecond })
-	produce(t, seeds, event(0, "OrderPaid", "act-paid", "act-o1"), event(0, "OrderShipped", "act-shipped", "act-o2"))
+	testenv.Produce(t, seeds, event(0, "OrderPaid", "act-paid", "act-o1"), event(0, "OrderShipped", "act-shipped", "act-o2"))
 	waitUntil(t, "both messages are buffered", func() bool { return r.events.count("Buffered") == 2 })
 
 	ctx := context.Background()
@@ -391,8 +391,8 @@ func TestOperatorActionsRunInTheConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "CONSUME delivered the buffered message", func() bool { return s.accepted()["act-paid"] == 1 })
-	waitUntil(t, "CLOSE dead-lettered the buffered message", func() bool { return len(readTopic(t, seeds, "orders.dlq")) == 1 })
-	l := deadletter.Read(readTopic(t, seeds, "orders.dlq")[0])
+	waitUntil(t, "CLOSE dead-lettered the buffered message", func() bool { return len(testenv.ReadTopic(t, seeds, "orders.dlq")) == 1 })
+	l := deadletter.Read(testenv.ReadTopic(t, seeds, "orders.dlq")[0])
 	if l.Reason != deadletter.ReasonOperatorAction || l.Sequence != "order" || l.ContextID != "act-o2" || l.Origin.Offset != 1 {
 		t.Fatalf("dead letter %+v, want OperatorAction of order/act-o2 from offset 1", l)
 	}
@@ -418,7 +418,7 @@ func TestStructuredModeRecordReachesTheSinkInBinaryMode(t *testing.T) {
 	seeds := cluster(t, 1)
 	s := newSink(t, nil)
 	r := startConsumer(t, testInbox(t, seeds, "g-structured", s.srv.URL, sinkOpts{}), "structured-1")
-	produce(t, seeds, &kgo.Record{
+	testenv.Produce(t, seeds, &kgo.Record{
 		Topic: "orders", Key: []byte("st-o1"),
 		Headers: []kgo.RecordHeader{{Key: "content-type", Value: []byte("application/cloudevents+json")}},
 		Value: []byte(`{"specversion":"1.0","id":"st-1","source":"/shop","type":"OrderCreated",
@@ -446,14 +446,14 @@ func TestBufferedMessageWhoseReleaseFailsIsDeadLettered(t *testing.T) {
 		return 200
 	})
 	r := startConsumer(t, testInbox(t, seeds, "g-relfail", s.srv.URL, sinkOpts{retries: 2}), "relfail-1")
-	produce(t, seeds, event(0, "OrderPaid", "rf-paid", "rf-o1"), event(0, "OrderCreated", "rf-created", "rf-o1"))
+	testenv.Produce(t, seeds, event(0, "OrderPaid", "rf-paid", "rf-o1"), event(0, "OrderCreated", "rf-created", "rf-o1"))
 	waitUntil(t, "both records were processed", func() bool { return r.events.count("") == 2 })
 
 	created := r.events.all()[1]
 	if created.Outcome != "Delivered" || created.ReleaseFailures != 1 || created.Released != 0 {
 		t.Fatalf("Created: %+v, want Delivered with one failed release", created)
 	}
-	letters := readTopic(t, seeds, "orders.dlq")
+	letters := testenv.ReadTopic(t, seeds, "orders.dlq")
 	if len(letters) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(letters))
 	}

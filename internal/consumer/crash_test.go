@@ -20,6 +20,7 @@ import (
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/fence"
 	"github.com/seqinbox/seqinbox/internal/manifest"
+	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
 // A child consumer is this test binary started again with the manifest and database URL in its
@@ -126,7 +127,7 @@ func TestCrashedConsumersPartitionsGoToTheOtherMember(t *testing.T) {
 		for p := range int32(partitions) {
 			recs = append(recs, event(p, "OrderCreated", fmt.Sprintf("warm-%d-%d", round, p), fmt.Sprintf("warm-o%d-%d", round, p)))
 		}
-		produce(t, seeds, recs...)
+		testenv.Produce(t, seeds, recs...)
 		waitUntil(t, "the warm-up round reached the sink", func() bool { return len(s.accepted()) == (round+1)*partitions })
 		childPartitions = childPartitions[:0]
 		for p := range int32(partitions) {
@@ -139,7 +140,7 @@ func TestCrashedConsumersPartitionsGoToTheOtherMember(t *testing.T) {
 	before := len(survivor.events.all())
 
 	hang := childPartitions[0]
-	produce(t, seeds, event(hang, "OrderCreated", "crash-hang", "crash-o-hang"))
+	testenv.Produce(t, seeds, event(hang, "OrderCreated", "crash-hang", "crash-o-hang"))
 	waitUntil(t, "the child's delivery hangs in the sink", func() bool { return s.hanging("crash-hang") })
 	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -155,7 +156,7 @@ func TestCrashedConsumersPartitionsGoToTheOtherMember(t *testing.T) {
 		}
 		behind = append(behind, r)
 	}
-	produce(t, seeds, behind...)
+	testenv.Produce(t, seeds, behind...)
 
 	waitUntil(t, "the survivor processed the dead member's records", func() bool {
 		n := 0

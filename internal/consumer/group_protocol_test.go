@@ -136,7 +136,7 @@ func TestForeignConsumerHoldsTheGroupOursWaitsNamesItAndTakesOverWhenItLeaves(t 
 	seeds := cluster(t, 3)
 	s := newSink(t, nil)
 	before, beforeIDs := orders("fg-before", 3, 4)
-	produce(t, seeds, before...)
+	testenv.Produce(t, seeds, before...)
 	legacy := startForeign(t, seeds, "g-foreign", "legacy-order-app")
 	legacy.consume(t, len(before))
 
@@ -147,7 +147,7 @@ func TestForeignConsumerHoldsTheGroupOursWaitsNamesItAndTakesOverWhenItLeaves(t 
 		return strings.Contains(reason, "client legacy-order-app") && strings.Contains(reason, "protocol cooperative-sticky")
 	})
 	after, afterIDs := orders("fg-after", 3, 4)
-	produce(t, seeds, after...)
+	testenv.Produce(t, seeds, after...)
 	refusals := gauge(t, ours.c, "seqinbox_consumer_group_join_refusals_total", "", "")
 	waitUntil(t, "our consumer was refused twice more while records wait", func() bool {
 		return gauge(t, ours.c, "seqinbox_consumer_group_join_refusals_total", "", "") >= refusals+2
@@ -218,7 +218,7 @@ func TestOursHoldsTheGroupAndAForeignClientIsRefused(t *testing.T) {
 	t.Logf("the foreign client's poll: %v", err)
 
 	recs, ids := orders("og", 3, 3)
-	produce(t, seeds, recs...)
+	testenv.Produce(t, seeds, recs...)
 	waitUntil(t, "our consumer processed every record", func() bool { return ours.events.count("") == len(recs) })
 	other.refusedJoin(t) // still refused, still without a record
 	g := describeGroup(t, seeds, "g-ours")
@@ -271,7 +271,7 @@ func TestConsumersOfDifferentClaimProtocolsNeverShareAGeneration(t *testing.T) {
 			strings.Contains(reason, "announces only group protocol seqinbox-claim-after-v2")
 	})
 	recs, ids := orders("gp", 3, 3)
-	produce(t, seeds, recs...)
+	testenv.Produce(t, seeds, recs...)
 	waitUntil(t, "the current consumer processed every record", func() bool { return current.events.count("") == len(recs) })
 	if n := next.events.count(""); n != 0 {
 		t.Fatalf("the consumer of the other claim protocol processed %d records next to the current one", n)
@@ -322,7 +322,7 @@ func TestANewEngineVersionOfTheSameClaimProtocolSharesTheGroup(t *testing.T) {
 	old.waitReady(t)
 
 	recs, ids := orders("gu", 4, 5)
-	produce(t, seeds, recs...)
+	testenv.Produce(t, seeds, recs...)
 	waitUntil(t, "every record was processed", func() bool { return old.events.count("")+upgraded.events.count("") == len(recs) })
 	if old.events.count("") == 0 || upgraded.events.count("") == 0 {
 		t.Fatalf("old processed %d, upgraded %d: the versions did not share the partitions", old.events.count(""), upgraded.events.count(""))

@@ -65,7 +65,7 @@ func TestRebalanceWhileRecordsAreInFlightFinishesAndCommitsThemFirst(t *testing.
 			recs = append(recs, r)
 		}
 	}
-	produce(t, seeds, recs...)
+	testenv.Produce(t, seeds, recs...)
 	a := startConsumer(t, inbox, "reb-a")
 	waitUntil(t, "a record of every partition is in flight", func() bool {
 		return s.hanging(hang(0)) && s.hanging(hang(1)) && s.hanging(hang(2))
@@ -82,7 +82,7 @@ func TestRebalanceWhileRecordsAreInFlightFinishesAndCommitsThemFirst(t *testing.
 	if n := b.events.count(""); n != 0 {
 		t.Fatalf("the second member processed %d records while the partition was still revoking", n)
 	}
-	s.releaseHangs()
+	s.release.Open()
 	waitUntil(t, "every record reached the sink", func() bool { return len(s.accepted()) == len(recs) })
 	waitUntil(t, "both members processed records", func() bool { return a.events.count("")+b.events.count("") == len(recs) })
 
@@ -156,7 +156,7 @@ func TestConsumerDoesNotFetchNextToALiveConsumerOfAnotherClaimProtocol(t *testin
 	seeds := cluster(t, 1)
 	s := newSink(t, nil)
 	stopOther := otherProtocol(t, pool, "g-fence")
-	produce(t, seeds, event(0, "OrderCreated", "fence-1", "fence-o1"))
+	testenv.Produce(t, seeds, event(0, "OrderCreated", "fence-1", "fence-o1"))
 
 	r := startConsumer(t, testInbox(t, seeds, "g-fence", s.srv.URL, sinkOpts{}), "fence-new")
 	waitUntil(t, "the consumer says why it waits", func() bool {
@@ -185,7 +185,7 @@ func TestConsumerWaitsForTheSchemaItNeeds(t *testing.T) {
 	fresh := testenv.FreshDatabase(t, "consumer_schema")
 	seeds := cluster(t, 1)
 	s := newSink(t, nil)
-	produce(t, seeds, event(0, "OrderCreated", "schema-1", "schema-o1"))
+	testenv.Produce(t, seeds, event(0, "OrderCreated", "schema-1", "schema-o1"))
 
 	r := startConsumer(t, testInbox(t, seeds, "g-schema", s.srv.URL, sinkOpts{}), "schema-1", func(c *Config) { c.DatabaseURL = fresh })
 	waitUntil(t, "the consumer says the schema is too old", func() bool {
@@ -214,7 +214,7 @@ func TestHealthReadinessAndMetrics(t *testing.T) {
 	s := newSink(t, nil)
 	r := startConsumer(t, testInbox(t, seeds, "g-metrics", s.srv.URL, sinkOpts{}), "metrics-1")
 	r.waitReady(t)
-	produce(t, seeds, event(0, "OrderCreated", "m-1", "m-o1"), event(0, "InvoiceSent", "m-2", "m-o1"))
+	testenv.Produce(t, seeds, event(0, "OrderCreated", "m-1", "m-o1"), event(0, "InvoiceSent", "m-2", "m-o1"))
 	waitUntil(t, "both records were processed", func() bool { return r.events.count("") == 2 })
 	waitUntil(t, "the lag is down to zero", func() bool { return gauge(t, r.c, "seqinbox_consumer_lag", "partition", "0") == 0 })
 

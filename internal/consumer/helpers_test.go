@@ -223,22 +223,22 @@ type delivery struct {
 }
 
 // testSink records every delivery. answer decides the status per request; 0 holds the request
-// until the client goes away or release is closed (then 200).
+// until the client goes away or release opens (then 200).
 type testSink struct {
 	srv     *httptest.Server
 	mu      sync.Mutex
 	log     []delivery
 	answer  func(id string, attempt int) int
-	release chan struct{}
+	release *testenv.Latch
 	inHang  map[string]bool
 }
 
 func newSink(t testing.TB, answer func(id string, attempt int) int) *testSink {
 	t.Helper()
-	s := &testSink{answer: answer, release: make(chan struct{}), inHang: map[string]bool{}}
+	s := &testSink{answer: answer, release: testenv.NewLatch(), inHang: map[string]bool{}}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(func() {
-		s.releaseHangs()
+		s.release.Open()
 		s.srv.Close()
 	})
 	return s
@@ -267,9 +267,7 @@ func (s *testSink) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Unlock()
 	if status == 0 {
-		select {
-		case <-r.Context().Done():
-		case <-s.release:
+		if s.release.Wait(r.Context()) {
 			status = 200
 		}
 		s.mu.Lock()
@@ -282,16 +280,6 @@ func (s *testSink) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	if status != 0 {
 		w.WriteHeader(status)
-	}
-}
-
-func (s *testSink) releaseHangs() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	select {
-	case <-s.release:
-	default:
-		close(s.release)
 	}
 }
 
@@ -370,88 +358,13 @@ func allowLargeRecords(t testing.TB, seeds []string, topic string) {
 	}
 }
 
-// produce writes records to the partitions they name.
-func produce(t testing.TB, seeds []string, records ...*kgo.Record) {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.ProducerBatchMaxBytes(largeRecordBytes+1<<20))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	if err := cl.ProduceSync(ctx, records...).FirstErr(); err != nil {
-		t.Fatalf("produce: %v", err)
-	}
-}
-
-// readTopic reads every record of a topic up to its current end.
-func readTopic(t testing.TB, seeds []string, topic string) []*kgo.Record {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.ConsumeTopics(topic), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			want[o.Partition] = o.Offset
-		}
-	})
-	var out []*kgo.Record
-	for len(want) > 0 {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("read %s: %v", topic, ctx.Err())
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			if end, ok := want[r.Partition]; ok && r.Offset < end {
-				out = append(out, r)
-				if r.Offset+1 >= end {
-					delete(want, r.Partition)
-				}
-			}
-		})
-	}
-	return out
-}
-
 // committedLag returns, per partition of orders, end offset minus the group's committed offset.
 func committedLag(t testing.TB, seeds []string, group string) map[int32]int64 {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+	lag, err := testenv.CommittedLag(seeds, group, "orders")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	ends, err := adm.ListEndOffsets(ctx, "orders")
-	if err != nil {
-		t.Fatal(err)
-	}
-	committed, err := adm.FetchOffsets(ctx, group)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lag := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		c, ok := committed.Lookup("orders", o.Partition)
-		at := int64(0)
-		if ok {
-			at = c.At
-		}
-		lag[o.Partition] = o.Offset - at
-	})
 	return lag
 }
 

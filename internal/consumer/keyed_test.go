@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
 // overlapSink answers 200 to every request; the first request is held until a second one is in
@@ -85,7 +87,7 @@ func TestContextsOfOnePartitionRunConcurrentlyAndEachInOrder(t *testing.T) {
 			recs = append(recs, event(0, typ, order+"-"+typ, order))
 		}
 	}
-	produce(t, seeds, recs...)
+	testenv.Produce(t, seeds, recs...)
 	r := startConsumer(t, testInbox(t, seeds, "g-par", s.srv.URL, sinkOpts{}), "par-1")
 	waitUntil(t, "every record was delivered", func() bool { return r.events.count("Delivered") == len(recs) })
 
@@ -133,7 +135,7 @@ func TestCrashWithAnUnfinishedRecordReadsAgainFromItsOffsetAndLosesNothing(t *te
 	}
 	// Of the head's order, so it must wait for the hanging record.
 	recs = append(recs, event(0, "OrderPaid", "crash-head-paid", "crash-head"))
-	produce(t, seeds, recs...)
+	testenv.Produce(t, seeds, recs...)
 
 	a := startConsumer(t, testInbox(t, seeds, "g-crash", s.srv.URL, so), "crash-a")
 	waitUntil(t, "the head record hangs and the records of other orders behind it finished", func() bool {

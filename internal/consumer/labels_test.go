@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
 // dataLabels carry data (declared types, topics, group members, versions), not a value of
@@ -63,7 +65,7 @@ func TestEveryMetricLabelValueIsCamelCase(t *testing.T) {
 	r := startConsumer(t, testInbox(t, seeds, "g-label-case", s.srv.URL, sinkOpts{}), "label-case-1")
 	notJSON := event(0, "OrderCreated", "lc-json", "lc-o3")
 	notJSON.Value = []byte("not json")
-	produce(t, seeds,
+	testenv.Produce(t, seeds,
 		event(0, "OrderPaid", "lc-paid", "lc-o1"),
 		event(0, "OrderCreated", "lc-created", "lc-o1"),
 		event(0, "OrderCreated", "lc-created", "lc-o1"),

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
 // lagSeries returns the partitions that have a seqinbox_consumer_lag series, by their label.
@@ -42,7 +44,7 @@ func TestLagIsExportedForEveryAssignedPartition(t *testing.T) {
 	s := newSink(t, nil)
 	r := startConsumer(t, testInbox(t, seeds, "g-lag", s.srv.URL, sinkOpts{}), "lag-1")
 	r.waitReady(t)
-	produce(t, seeds, event(0, "OrderCreated", "lag-1", "lag-o1"))
+	testenv.Produce(t, seeds, event(0, "OrderCreated", "lag-1", "lag-o1"))
 	waitUntil(t, "the record was processed", func() bool { return r.events.count("") == 1 })
 	waitUntil(t, "every assigned partition has a lag series", func() bool { return len(lagSeries(t, r)) == 3 })
 	for partition, lag := range lagSeries(t, r) {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
 func TestMaxBufferedBytesIsTheSpecsElseAQuarterOfTheMemoryLimit(t *testing.T) {
@@ -117,14 +119,14 @@ func TestRecordsParkedBehindAHungCallStayWithinTheByteBound(t *testing.T) {
 	r := startConsumer(t, in, "memory-parked-1", func(c *Config) { c.hooks = append(c.hooks, hook) })
 	r.waitReady(t)
 
-	produce(t, seeds, largeOrder("mem-hung", "mem-o-hung", "mem", 100))
+	testenv.Produce(t, seeds, largeOrder("mem-hung", "mem-o-hung", "mem", 100))
 	waitUntil(t, "the sink holds the first call", func() bool { return s.hanging("mem-hung") })
 	var total int64
 	for i := range n {
 		// One produce per record: one batch per record, as a broker returns whole batches.
 		rec := largeOrder(fmt.Sprintf("mem-%d", i), fmt.Sprintf("mem-o%d", i), "mem", size)
 		total += recordSize(rec)
-		produce(t, seeds, rec)
+		testenv.Produce(t, seeds, rec)
 	}
 	b := r.c.backlog
 	waitUntil(t, "the consumer paused fetching or holds every record", func() bool { return hook.paused() || b.bytes.Load() >= total })
@@ -143,7 +145,7 @@ func TestRecordsParkedBehindAHungCallStayWithinTheByteBound(t *testing.T) {
 		t.Errorf("%d of %d records fetched behind the hung call, want fetching paused at the bound", fetched, n+1)
 	}
 
-	s.releaseHangs()
+	s.release.Open()
 	waitUntil(t, "every record is processed", func() bool { return r.events.count("") == n+1 })
 	accepted := s.accepted()
 	for i := range n {
@@ -177,10 +179,10 @@ func TestFinishedRecordsBehindAnUnfinishedOneAreGivenUp(t *testing.T) {
 	r.waitReady(t)
 
 	hung := largeOrder("gone-hung", "gone-o-hung", "", 100)
-	produce(t, seeds, hung)
+	testenv.Produce(t, seeds, hung)
 	waitUntil(t, "the sink holds the first call", func() bool { return s.hanging("gone-hung") })
 	for i := range n {
-		produce(t, seeds, largeOrder(fmt.Sprintf("gone-%d", i), fmt.Sprintf("gone-o%d", i), "", size))
+		testenv.Produce(t, seeds, largeOrder(fmt.Sprintf("gone-%d", i), fmt.Sprintf("gone-o%d", i), "", size))
 	}
 	waitUntil(t, "the records behind the hung call are processed", func() bool { return r.events.count("") == n })
 	if lag := committedLag(t, seeds, "g-memory-finished")[0]; lag != n+1 {
@@ -197,7 +199,7 @@ func TestFinishedRecordsBehindAnUnfinishedOneAreGivenUp(t *testing.T) {
 		}
 	}
 	hook.mu.Unlock()
-	s.releaseHangs()
+	s.release.Open()
 	waitUntil(t, "the hung record is processed", func() bool { return r.events.count("") == n+1 })
 }
 
@@ -220,10 +222,10 @@ func TestAPartitionStuckAtTheBoundDoesNotStopTheOthers(t *testing.T) {
 	r := startConsumer(t, in, "memory-stuck-1")
 	r.waitReady(t)
 
-	produce(t, seeds, largeOrder("stuck-hung", "stuck-o-hung", "stuck", 100))
+	testenv.Produce(t, seeds, largeOrder("stuck-hung", "stuck-o-hung", "stuck", 100))
 	waitUntil(t, "the sink holds the first call", func() bool { return s.hanging("stuck-hung") })
 	for i := range n {
-		produce(t, seeds, largeOrder(fmt.Sprintf("stuck-%d", i), fmt.Sprintf("stuck-o%d", i), "stuck", size))
+		testenv.Produce(t, seeds, largeOrder(fmt.Sprintf("stuck-%d", i), fmt.Sprintf("stuck-o%d", i), "stuck", size))
 	}
 	waitUntil(t, "partition 0 holds more than the bound", r.c.backlog.over)
 	for round := range 3 {
@@ -232,7 +234,7 @@ func TestAPartitionStuckAtTheBoundDoesNotStopTheOthers(t *testing.T) {
 			id := fmt.Sprintf("free-%d-%d", round, i)
 			rec := event(1, "OrderCreated", id, fmt.Sprintf("free-o%d-%d", round, i))
 			ids = append(ids, id)
-			produce(t, seeds, rec)
+			testenv.Produce(t, seeds, rec)
 		}
 		waitUntil(t, fmt.Sprintf("round %d of partition 1 is delivered while partition 0 waits", round), func() bool {
 			accepted := s.accepted()
@@ -247,6 +249,6 @@ func TestAPartitionStuckAtTheBoundDoesNotStopTheOthers(t *testing.T) {
 	if !s.hanging("stuck-hung") || !r.c.backlog.over() {
 		t.Errorf("partition 0 no longer holds the bound behind its hung call; the test shows nothing")
 	}
-	s.releaseHangs()
+	s.release.Open()
 	waitUntil(t, "every record is processed", func() bool { return r.events.count("") == n+1+3*4 })
 }

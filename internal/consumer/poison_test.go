@@ -12,6 +12,7 @@ import (
 
 	"github.com/seqinbox/seqinbox/internal/deadletter"
 	"github.com/seqinbox/seqinbox/internal/decode"
+	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
 // poisonCase is one bad record, alone on its partition with a good record behind it.
@@ -74,11 +75,11 @@ func TestEveryPoisonRecordIsDeadLetteredAndTheRecordBehindItDelivered(t *testing
 		records = append(records, c.bad, event(int32(i), "OrderCreated", fmt.Sprintf("pz-good-%d", i), fmt.Sprintf("pz-good-o%d", i)))
 	}
 	allowLargeRecords(t, seeds, "orders")
-	produce(t, seeds, records...)
+	testenv.Produce(t, seeds, records...)
 	waitUntil(t, "every record was processed", func() bool { return r.events.count("") == 2*len(cases) })
 
 	letters := map[int32]deadletter.Letter{}
-	for _, rec := range readTopic(t, seeds, "orders.dlq") {
+	for _, rec := range testenv.ReadTopic(t, seeds, "orders.dlq") {
 		l := deadletter.Read(rec)
 		if wantOmitted := l.Origin.Partition == 6; wantOmitted != (l.Omitted == "value") || wantOmitted && len(rec.Value) != 0 {
 			t.Errorf("dead letter of partition %d: %d bytes of value, omitted %q; only the 5 MB letter leaves its value out",
@@ -126,7 +127,7 @@ func TestSinkRequestCarriesOnlyAttributesTraceContextAndAllowListedHeaders(t *te
 	in := testInbox(t, seeds, "g-forge", s.srv.URL, sinkOpts{})
 	in.Spec.Sink.ForwardHeaders = []string{"x-tenant"}
 	r := startConsumer(t, in, "forge-1")
-	produce(t, seeds, event(0, "OrderCreated", "forge-1", "forge-o1",
+	testenv.Produce(t, seeds, event(0, "OrderCreated", "forge-1", "forge-o1",
 		kgo.RecordHeader{Key: "ce-type", Value: []byte("OrderCancelled")},
 		kgo.RecordHeader{Key: "ce-id", Value: []byte("forged")},
 		kgo.RecordHeader{Key: "authorization", Value: []byte("Bearer secret")},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/seqinbox/seqinbox/internal/deadletter"
 	"github.com/seqinbox/seqinbox/internal/decode"
+	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
 // poolSize is the connection pool of the test inboxes: poolSize/2 records are in flight at most,
@@ -22,7 +23,7 @@ const poolSize = 6
 func settle(t *testing.T, s *sink, ids []string, seeds []string, group string) {
 	t.Helper()
 	waitUntil(t, "the sink accepted every message", func() bool { return s.allAccepted(ids) })
-	waitUntil(t, "every record is committed", func() bool { return uncommitted(t, seeds, group) == 0 })
+	waitUntil(t, "every record is committed", func() bool { return uncommitted(seeds, group) == 0 })
 }
 
 // checkNothingLost asserts the guarantees every fault keeps: nothing lost, nothing stalled, no
@@ -72,7 +73,7 @@ func TestKillDashNineMidDelivery(t *testing.T) {
 	a.waitReady(t)
 
 	records, ids := orders("k", 10, partitions)
-	produce(t, seeds, records...)
+	testenv.Produce(t, seeds, records...)
 	waitUntil(t, "the sink holds "+held, func() bool { return s.holding(held) })
 	killed := time.Now()
 	a.kill9(t)
@@ -106,7 +107,7 @@ func TestHungSink(t *testing.T) {
 
 	records, ids := orders("h", 10, partitions)
 	started := time.Now()
-	produce(t, seeds, append([]*kgo.Record{event(0, "OrderCreated", hung, "hung", nil)}, records...)...)
+	testenv.Produce(t, seeds, append([]*kgo.Record{event(0, "OrderCreated", hung, "hung", nil)}, records...)...)
 	settle(t, s, ids, seeds, group)
 	recovered := time.Since(started)
 
@@ -132,7 +133,7 @@ func TestBrokerPaused(t *testing.T) {
 	startConsumer(t, "consumer-a", manifest, db, seeds).waitReady(t)
 
 	before, idsBefore := orders("p1", 10, partitions)
-	produce(t, seeds, before...)
+	testenv.Produce(t, seeds, before...)
 	waitUntil(t, "the first orders were accepted", func() bool { return s.allAccepted(idsBefore) })
 
 	resume := make(chan struct{})
@@ -156,7 +157,7 @@ func TestBrokerPaused(t *testing.T) {
 	produced := make(chan struct{})
 	go func() {
 		defer close(produced)
-		produce(t, seeds, during...)
+		testenv.Produce(t, seeds, during...)
 	}()
 	waitUntil(t, "the broker holds the consumer's fetches and other requests", func() bool {
 		return heldFetches.Load() > 0 && heldOthers.Load() > 1
@@ -166,7 +167,7 @@ func TestBrokerPaused(t *testing.T) {
 	close(resume)
 	<-produced
 	after, idsAfter := orders("p3", 10, partitions)
-	produce(t, seeds, after...)
+	testenv.Produce(t, seeds, after...)
 	ids := append(append(idsBefore, idsDuring...), idsAfter...)
 	settle(t, s, ids, seeds, group)
 	last := time.Time{}
@@ -197,7 +198,7 @@ func TestMissingDeadLetterTopic(t *testing.T) {
 
 	records, ids := orders("d", 10, partitions)
 	poison := event(0, "OrderLost", "d-undeclared", "d-o0", nil)
-	produce(t, seeds, append([]*kgo.Record{poison}, records...)...)
+	testenv.Produce(t, seeds, append([]*kgo.Record{poison}, records...)...)
 	behind := []string{"d-o0-created", "d-o0-paid"} // the poison record's key
 	var other []string
 	onPartition0 := int64(1)
@@ -214,7 +215,7 @@ func TestMissingDeadLetterTopic(t *testing.T) {
 		return a.metric("seqinbox_record_retries_total") > 0
 	})
 	waitUntil(t, "the records of partition 0 from the bad record on are uncommitted, and only those", func() bool {
-		return uncommitted(t, seeds, group) == onPartition0
+		return uncommitted(seeds, group) == onPartition0
 	})
 	for _, id := range behind {
 		if n := s.acceptedCount(id); n != 0 {
@@ -282,7 +283,7 @@ func TestLargeRecordsBehindHungSink(t *testing.T) {
 		ids = append(ids, order+"-created")
 	}
 	started := time.Now()
-	produce(t, seeds, records...)
+	testenv.Produce(t, seeds, records...)
 	var peak, peakBuffered float64
 	sample := func() {
 		peak = max(peak, a.metric("go_memstats_heap_inuse_bytes"))
@@ -295,7 +296,7 @@ func TestLargeRecordsBehindHungSink(t *testing.T) {
 	if !s.holding(hung) {
 		t.Fatalf("the sink no longer holds %s: the test needs it held until now", hung)
 	}
-	s.releaseHeld()
+	s.release.Open()
 	waitUntil(t, "the sink accepted every large record", func() bool {
 		sample()
 		return s.allAccepted(ids)

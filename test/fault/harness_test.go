@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -49,12 +48,7 @@ func kafka(t testing.TB, partitions int32, withDLQ bool) (*kfake.Cluster, []stri
 	if withDLQ {
 		topics = append(topics, dlqTopic)
 	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
-	if err != nil {
-		t.Fatalf("start kfake: %v", err)
-	}
-	t.Cleanup(c.Close)
-	return c, c.ListenAddrs()
+	return testenv.KafkaCluster(t, partitions, topics...)
 }
 
 // migratedDatabase returns a fresh database on the tests' PostgreSQL server, migrated.
@@ -265,7 +259,7 @@ func (p *process) logTail(n int) string {
 
 // sink is the team's service: it records every request per CloudEvent id, how many of one id
 // ran at the same time, and holds the requests hold selects (by id and attempt, from 1) until
-// the client goes away (or release is closed, then it accepts them).
+// the client goes away (or release opens, then it accepts them).
 type sink struct {
 	srv *httptest.Server
 
@@ -278,16 +272,16 @@ type sink struct {
 	concurrent int
 	held       map[string]bool
 	firstOK    map[string]time.Time
-	release    chan struct{}
+	release    *testenv.Latch
 }
 
 func newSink(t testing.TB, hold func(id string, attempt int) bool) *sink {
 	t.Helper()
 	s := &sink{hold: hold, accepted: map[string]int{}, attempts: map[string]int{}, running: map[string]int{},
-		held: map[string]bool{}, firstOK: map[string]time.Time{}, release: make(chan struct{})}
+		held: map[string]bool{}, firstOK: map[string]time.Time{}, release: testenv.NewLatch()}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(func() {
-		s.releaseHeld()
+		s.release.Open()
 		s.srv.Close()
 	})
 	return s
@@ -309,11 +303,7 @@ func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	ok := true
 	if hold {
-		select {
-		case <-r.Context().Done():
-			ok = false
-		case <-s.release:
-		}
+		ok = s.release.Wait(r.Context())
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -327,16 +317,6 @@ func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
 		s.firstOK[id] = time.Now()
 	}
 	w.WriteHeader(http.StatusOK)
-}
-
-func (s *sink) releaseHeld() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	select {
-	case <-s.release:
-	default:
-		close(s.release)
-	}
 }
 
 func (s *sink) holding(id string) bool {
@@ -404,85 +384,26 @@ func event(partition int32, typ, id, order string, value []byte) *kgo.Record {
 	}
 }
 
-// produce writes records to the partitions they name.
-func produce(t testing.TB, seeds []string, records ...*kgo.Record) {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	if err := cl.ProduceSync(ctx, records...).FirstErr(); err != nil {
-		t.Fatalf("produce: %v", err)
-	}
-}
-
-// uncommitted is the number of records of the orders topic the group has not committed.
-func uncommitted(t testing.TB, seeds []string, group string) int64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	ends, err := adm.ListEndOffsets(ctx, topic)
+// uncommitted is the number of records of the orders topic the group has not committed (-1 when
+// it cannot be read).
+func uncommitted(seeds []string, group string) int64 {
+	lag, err := testenv.CommittedLag(seeds, group, topic)
 	if err != nil {
 		return -1
 	}
-	committed, err := adm.FetchOffsets(ctx, group)
-	if err != nil {
-		return -1
+	var sum int64
+	for _, n := range lag {
+		sum += n
 	}
-	var lag int64
-	ends.Each(func(o kadm.ListedOffset) {
-		at := int64(0)
-		if c, ok := committed.Lookup(topic, o.Partition); ok {
-			at = c.At
-		}
-		lag += o.Offset - at
-	})
-	return lag
+	return sum
 }
 
 // deadLetters reads every letter of the dead-letter topic up to its current end.
 func deadLetters(t testing.TB, seeds []string) []deadletter.Letter {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
-	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.ConsumeTopics(dlqTopic), kgo.FetchMaxWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, dlqTopic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			want[o.Partition] = o.Offset
-		}
-	})
 	var out []deadletter.Letter
-	for len(want) > 0 {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("read %s: %v", dlqTopic, ctx.Err())
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			if end, ok := want[r.Partition]; ok && r.Offset < end {
-				out = append(out, deadletter.Read(r))
-				if r.Offset+1 >= end {
-					delete(want, r.Partition)
-				}
-			}
-		})
+	for _, r := range testenv.ReadTopic(t, seeds, dlqTopic) {
+		out = append(out, deadletter.Read(r))
 	}
 	return out
 }
@@ -495,7 +416,7 @@ type tally struct {
 
 func count(t testing.TB, s *sink, ids []string, seeds []string, group string) tally {
 	t.Helper()
-	r := tally{sent: len(ids), stalled: uncommitted(t, seeds, group)}
+	r := tally{sent: len(ids), stalled: uncommitted(seeds, group)}
 	for _, id := range ids {
 		switch s.acceptedCount(id) {
 		case 0:

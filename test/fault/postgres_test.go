@@ -34,19 +34,19 @@ func TestPostgresStoppedAndStarted(t *testing.T) {
 	a.waitReady(t)
 
 	first, ids := orders("pg", 20, partitions)
-	produce(t, seeds, first...)
+	testenv.Produce(t, seeds, first...)
 	waitUntil(t, "the sink holds "+held, func() bool { return s.holding(held) })
 	// /metrics reads the database too, so the consumer's log tells what it does during the outage.
 	const retrying = "processing failed; retrying the record"
 	retries := strings.Count(a.logTail(1<<20), retrying)
 	server.stop(t)
 	during, idsDuring := orders("pgdown", 10, partitions)
-	produce(t, seeds, during...)
+	testenv.Produce(t, seeds, during...)
 	ids = append(ids, idsDuring...)
 	waitUntil(t, "the consumer retries records while PostgreSQL is down", func() bool {
 		return strings.Count(a.logTail(1<<20), retrying) > retries
 	})
-	s.releaseHeld()
+	s.release.Open()
 	waitUntil(t, "the held call was answered during the outage", func() bool { return s.acceptedCount(held) == 1 })
 	restarted := time.Now()
 	server.start(t)
