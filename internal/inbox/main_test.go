@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -35,14 +36,18 @@ var (
 	schemaErr  error
 )
 
-// newPool opens a pool on the package's database, migrated once per package.
-func newPool(tb testing.TB, url string, maxConns int32) *pgxpool.Pool {
+// newPool opens a pool on the package's database, migrated once per package; params are
+// run-time parameters of its sessions.
+func newPool(tb testing.TB, url string, maxConns int32, params ...map[string]string) *pgxpool.Pool {
 	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	cfg.MaxConns = maxConns
+	for _, p := range params {
+		maps.Copy(cfg.ConnConfig.RuntimeParams, p)
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		tb.Fatal(err)
@@ -182,6 +187,8 @@ type harness struct {
 type harnessSettings struct {
 	Config
 	recordsConns int32
+	// recordsParams are run-time parameters of the records' pool sessions.
+	recordsParams map[string]string
 	// metrics are the engine's collectors; nil: its own, unregistered.
 	metrics *Metrics
 }
@@ -191,6 +198,11 @@ type harnessOption func(*harnessSettings)
 // withRecordsPool sizes the records' pool.
 func withRecordsPool(conns int32) harnessOption {
 	return func(s *harnessSettings) { s.recordsConns = conns }
+}
+
+// withRecordsSessionParams sets run-time parameters of the records' pool sessions.
+func withRecordsSessionParams(params map[string]string) harnessOption {
+	return func(s *harnessSettings) { s.recordsParams = params }
 }
 
 func newHarness(t *testing.T, set *sequence.Set, opts ...harnessOption) *harness {
@@ -212,7 +224,7 @@ func newHarnessOn(t *testing.T, url string, set *sequence.Set, opts ...harnessOp
 	for _, o := range opts {
 		o(&s)
 	}
-	h.pool = newPool(t, url, s.recordsConns)
+	h.pool = newPool(t, url, s.recordsConns, s.recordsParams)
 	if s.Maintenance == nil {
 		s.Maintenance = newPool(t, url, MaintenanceConnections)
 	}
