@@ -72,11 +72,11 @@ SELECT m.sequence_instance_id, m.id, s.key, s.value, s.headers::jsonb
 FROM m JOIN s ON s.message_type = m.message_type AND s.idempotence_id = m.idempotence_id
 RETURNING set_config('synchronous_commit', 'off', true)`
 
-// unclaimSQL deletes, inside T1, the claim of a batch's message whose listener failed or that
-// the batch did not get to: it commits with T1 as if it had been rolled back, so that a waiting
-// duplicate or a resend takes over once T1 ends. One statement per claim, all in one round trip:
-// each is a primary key lookup whatever the statistics say.
-const unclaimSQL = `DELETE FROM sequential_inbox_idempotence WHERE message_type = $1 AND idempotence_id = $2`
+// unclaimSQL deletes, inside T1, the claims of the batch's messages whose listener failed and of
+// those the batch did not get to: they commit with T1 as if they had been rolled back, so that a
+// waiting duplicate or a resend takes over once T1 ends.
+const unclaimSQL = `DELETE FROM sequential_inbox_idempotence
+WHERE (message_type, idempotence_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`
 
 // deadlockDetected is SQLSTATE 40P01.
 const deadlockDetected = "40P01"
@@ -643,19 +643,21 @@ func (b *batchRun) buffer(ctx context.Context) error {
 func (b *batchRun) commit(ctx context.Context) error {
 	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), b.leaseEnd())
 	defer cancel()
-	q := &pgx.Batch{}
-	unclaimed := 0
+	var types, ids []string
 	for i, it := range b.items {
 		if it.won && (i >= b.done || it.write == stateFailed) {
-			q.Queue(unclaimSQL, it.msg.QualifiedType, it.msg.Record.IdempotenceID)
-			unclaimed++
+			types, ids = append(types, it.msg.QualifiedType), append(ids, it.msg.Record.IdempotenceID)
 		}
+	}
+	q := &pgx.Batch{}
+	if len(types) > 0 {
+		q.Queue(unclaimSQL, types, ids)
 	}
 	q.Queue(commitSQL)
 	q.Queue(instancesStateSQL, distinctInstances(b.items[:b.done]))
 	br := b.conn.SendBatch(cctx, q)
 	err := func() error {
-		for range unclaimed {
+		if len(types) > 0 {
 			if _, err := br.Exec(); err != nil {
 				return fmt.Errorf("delete claims: %w", err)
 			}

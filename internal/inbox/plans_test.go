@@ -74,7 +74,7 @@ func TestHotStatementsProbeIndexesWhateverTheStatistics(t *testing.T) {
 		{"batch lookup", lookupMessagesSQL, []any{types, ids}},
 		{"batch instance states", instancesStateSQL, []any{instances}},
 		{"batch states", insertStatesSQL, states.args()},
-		{"batch unclaim", unclaimSQL, []any{"A", ids[0]}},
+		{"batch unclaim", unclaimSQL, []any{types, ids}},
 	}
 
 	for _, stats := range []string{"missing", "stale"} {
