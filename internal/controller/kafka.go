@@ -72,15 +72,24 @@ type KafkaGroups struct {
 
 // GroupMembers returns every member of the group; a group that does not exist has none.
 func (k KafkaGroups) GroupMembers(ctx context.Context, conn KafkaConnection, group string) ([]GroupMember, error) {
+	return withAdmin(ctx, k, conn, func(ctx context.Context, adm *kadm.Client) ([]GroupMember, error) {
+		return groupMembers(ctx, adm, group)
+	})
+}
+
+// withAdmin runs read through an admin client of conn within the reader's timeout, and explains
+// its error when the brokers refused the operator's credentials.
+func withAdmin[T any](ctx context.Context, k KafkaGroups, conn KafkaConnection, read func(context.Context, *kadm.Client) (T, error)) (T, error) {
 	ctx, cancel := context.WithTimeout(ctx, k.timeout())
 	defer cancel()
 	adm, watch, err := adminClient(conn)
 	if err != nil {
-		return nil, err
+		var none T
+		return none, err
 	}
 	defer adm.Close()
-	members, err := groupMembers(ctx, adm, group)
-	return members, watch.Explain(err)
+	v, err := read(ctx, adm)
+	return v, watch.Explain(err)
 }
 
 // groupMembers lists the members of the group through adm.

@@ -12,15 +12,9 @@ import (
 // TopicPartitions returns the partition count of every topic that exists; a topic that does not
 // exist (yet) is left out. Any other error of a topic fails the read.
 func (k KafkaGroups) TopicPartitions(ctx context.Context, conn KafkaConnection, topics []string) (map[string]int32, error) {
-	ctx, cancel := context.WithTimeout(ctx, k.timeout())
-	defer cancel()
-	adm, watch, err := adminClient(conn)
-	if err != nil {
-		return nil, err
-	}
-	defer adm.Close()
-	counts, err := topicPartitions(ctx, adm, topics)
-	return counts, watch.Explain(err)
+	return withAdmin(ctx, k, conn, func(ctx context.Context, adm *kadm.Client) (map[string]int32, error) {
+		return topicPartitions(ctx, adm, topics)
+	})
 }
 
 // topicPartitions reads the partition counts through adm.
