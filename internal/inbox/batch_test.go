@@ -299,22 +299,9 @@ func TestBatchesAndSingleDeliveriesReleaseEachMessageOnceInSequenceOrder(t *test
 			}
 			return nil
 		})
-		for c := range contexts {
-			ctxID := fmt.Sprintf("it%d-c%d", it, c)
-			if got := h.listener.deliveredTypes(h.ctxID(ctxID)); !slices.Equal(got, chain) {
-				t.Fatalf("context %s delivered %v, want exactly %v", ctxID, got, chain)
-			}
-			if s := h.instanceState("chain", ctxID); s != "CLOSED" {
-				t.Fatalf("context %s: instance %s, want CLOSED", ctxID, s)
-			}
-		}
+		h.requireContextsDeliveredAndClosed(it, contexts, chain)
 	}
-	if n := h.count(`SELECT count(*) FROM sequenced_message WHERE idempotence_id LIKE $1 AND state <> 'PROCESSED'`, h.prefix+"%"); n != 0 {
-		t.Fatalf("%d messages not PROCESSED, want 0", n)
-	}
-	if o := h.listener.concurrentCalls(); len(o) != 0 {
-		t.Fatalf("listener ran twice at the same time for %v", o)
-	}
+	h.requireAllProcessedNeverTwiceAtOnce()
 }
 
 // TestProcessBatchRefusesRecordsItCannotClaim names the record that must go through Process.

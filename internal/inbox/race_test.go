@@ -118,25 +118,12 @@ func TestConcurrentDeliveriesReleaseEachMessageOnceInSequenceOrder(t *testing.T)
 				t.Fatal(err)
 			}
 		}
-		for c := range contexts {
-			ctxID := fmt.Sprintf("it%d-c%d", it, c)
-			if got := h.listener.deliveredTypes(h.ctxID(ctxID)); !slices.Equal(got, chain) {
-				t.Fatalf("context %s delivered %v, want exactly %v", ctxID, got, chain)
-			}
-			if s := h.instanceState("chain", ctxID); s != "CLOSED" {
-				t.Fatalf("context %s: instance %s, want CLOSED", ctxID, s)
-			}
-		}
+		h.requireContextsDeliveredAndClosed(it, contexts, chain)
 	}
 	if n, want := h.listener.callCount(), iterations*contexts*len(chain); n != want {
 		t.Fatalf("listener calls = %d, want exactly %d (one per logical message)", n, want)
 	}
-	if n := h.count(`SELECT count(*) FROM sequenced_message WHERE idempotence_id LIKE $1 AND state <> 'PROCESSED'`, h.prefix+"%"); n != 0 {
-		t.Fatalf("%d messages not PROCESSED, want 0", n)
-	}
-	if o := h.listener.concurrentCalls(); len(o) != 0 {
-		t.Fatalf("listener ran twice at the same time for %v", o)
-	}
+	h.requireAllProcessedNeverTwiceAtOnce()
 }
 
 // TestSkippedReleasesLeaveNoMessageWaiting races the messages of many contexts, each delivered
@@ -168,17 +155,36 @@ func TestSkippedReleasesLeaveNoMessageWaiting(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		for c := range contexts {
-			ctxID := fmt.Sprintf("it%d-c%d", it, c)
-			if got := h.listener.deliveredTypes(h.ctxID(ctxID)); !slices.Equal(got, chain) {
-				t.Fatalf("context %s delivered %v, want exactly %v (a message was left WAITING?)", ctxID, got, chain)
-			}
-			if s := h.instanceState("chain", ctxID); s != "CLOSED" {
-				t.Fatalf("context %s: instance %s, want CLOSED", ctxID, s)
-			}
-		}
+		h.requireContextsDeliveredAndClosed(it, contexts, chain)
 	}
 	if n := h.count(`SELECT count(*) FROM sequenced_message WHERE idempotence_id LIKE $1 AND state = 'WAITING'`, h.prefix+"%"); n != 0 {
 		t.Fatalf("%d messages left WAITING", n)
+	}
+}
+
+// requireContextsDeliveredAndClosed fails unless every context it<it>-c<c> of an iteration got
+// exactly chain delivered, in that order, and its instance closed.
+func (h *harness) requireContextsDeliveredAndClosed(it, contexts int, chain []string) {
+	h.t.Helper()
+	for c := range contexts {
+		ctxID := fmt.Sprintf("it%d-c%d", it, c)
+		if got := h.listener.deliveredTypes(h.ctxID(ctxID)); !slices.Equal(got, chain) {
+			h.t.Fatalf("context %s delivered %v, want exactly %v", ctxID, got, chain)
+		}
+		if s := h.instanceState("chain", ctxID); s != "CLOSED" {
+			h.t.Fatalf("context %s: instance %s, want CLOSED", ctxID, s)
+		}
+	}
+}
+
+// requireAllProcessedNeverTwiceAtOnce fails when a message of the test is not PROCESSED, or when
+// the listener ran twice at the same time for one message.
+func (h *harness) requireAllProcessedNeverTwiceAtOnce() {
+	h.t.Helper()
+	if n := h.count(`SELECT count(*) FROM sequenced_message WHERE idempotence_id LIKE $1 AND state <> 'PROCESSED'`, h.prefix+"%"); n != 0 {
+		h.t.Fatalf("%d messages not PROCESSED, want 0", n)
+	}
+	if o := h.listener.concurrentCalls(); len(o) != 0 {
+		h.t.Fatalf("listener ran twice at the same time for %v", o)
 	}
 }
