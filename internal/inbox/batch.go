@@ -43,11 +43,6 @@ CROSS JOIN LATERAL (SELECT id, state FROM sequenced_message
   WHERE idempotence_id = k.idempotence_id AND message_type = k.message_type
   ` + standingRowFirst + `) m`
 
-// instancesStateSQL is instanceStateSQL for the instances of a batch.
-const instancesStateSQL = `SELECT i.id, i.state = 'OPEN', p.types, w.ids, w.types
-` + instanceStateFrom + `
-WHERE i.id = ANY($1::bigint[])`
-
 // insertStatesSQL is insertStateSQL for the messages of a batch that had no row, in one
 // statement. Its transaction commits without waiting for its WAL flush, as a single message's
 // does: the batch's T1 commits after it in every case (a failed message's claim is deleted inside
@@ -252,9 +247,10 @@ func (b *batchRun) claim(ctx context.Context) error {
 	q.Queue(beginReadCommittedSQL)
 	q.Queue(claimBatchSQL, types, ids, instances, millis(b.e.batchLease()))
 	q.Queue(lookupMessagesSQL, types, ids)
-	q.Queue(instancesStateSQL, b.instancesToEvaluate())
+	evaluated := b.instancesToEvaluate()
+	queueInstanceStates(q, evaluated)
 	br := b.conn.SendBatch(ctx, q)
-	err := b.readClaim(br)
+	err := b.readClaim(br, evaluated)
 	if closeErr := br.Close(); err == nil {
 		err = closeErr
 	}
@@ -269,7 +265,7 @@ func (b *batchRun) claim(ctx context.Context) error {
 	return nil
 }
 
-func (b *batchRun) readClaim(br pgx.BatchResults) error {
+func (b *batchRun) readClaim(br pgx.BatchResults, evaluated []int64) error {
 	if _, err := br.Exec(); err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
@@ -298,30 +294,30 @@ func (b *batchRun) readClaim(br pgx.BatchResults) error {
 	}); err != nil {
 		return fmt.Errorf("look up stored messages: %w", err)
 	}
-	b.states, err = readInstancesState(br)
+	b.states, err = readInstanceStates(br, evaluated)
 	return err
 }
 
-// readInstancesState reads the result of instancesStateSQL; a missing instance reads as closed
-// and empty, as in scanInstanceState.
-func readInstancesState(br pgx.BatchResults) (map[int64]instanceState, error) {
-	var (
-		instanceID   int64
-		open         bool
-		processed    []string
-		waitingIDs   []int64
-		waitingTypes []string
-	)
-	rows, err := br.Query()
-	if err != nil {
-		return nil, fmt.Errorf("read instances: %w", err)
+// queueInstanceStates reads the state of each instance with instanceStateSQL, one statement each
+// in the same round trip: a statement over an array of instances would be planned anew for every
+// call (its plan for the actual number of instances always looks cheaper than the one prepared
+// for any number), and planning costs more than the reads.
+func queueInstanceStates(q *pgx.Batch, instanceIDs []int64) {
+	for _, id := range instanceIDs {
+		q.Queue(instanceStateSQL, id)
 	}
-	states := map[int64]instanceState{}
-	if _, err := pgx.ForEachRow(rows, []any{&instanceID, &open, &processed, &waitingIDs, &waitingTypes}, func() error {
-		states[instanceID] = newInstanceState(open, processed, waitingIDs, waitingTypes)
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("read instances: %w", err)
+}
+
+// readInstanceStates reads the results of queueInstanceStates; a missing instance reads as closed
+// and empty (scanInstanceState).
+func readInstanceStates(br pgx.BatchResults, instanceIDs []int64) (map[int64]instanceState, error) {
+	states := make(map[int64]instanceState, len(instanceIDs))
+	for _, id := range instanceIDs {
+		st, err := scanInstanceState(br.QueryRow())
+		if err != nil {
+			return nil, fmt.Errorf("read instance %d: %w", id, err)
+		}
+		states[id] = st
 	}
 	return states, nil
 }
@@ -654,7 +650,8 @@ func (b *batchRun) commit(ctx context.Context) error {
 		q.Queue(unclaimSQL, types, ids)
 	}
 	q.Queue(commitSQL)
-	q.Queue(instancesStateSQL, distinctInstances(b.items[:b.done]))
+	instances := distinctInstances(b.items[:b.done])
+	queueInstanceStates(q, instances)
 	br := b.conn.SendBatch(cctx, q)
 	err := func() error {
 		if len(types) > 0 {
@@ -669,7 +666,7 @@ func (b *batchRun) commit(ctx context.Context) error {
 		if tag.String() != commitSQL {
 			return fmt.Errorf("commit: transaction was rolled back (%s)", tag)
 		}
-		b.after, err = readInstancesState(br)
+		b.after, err = readInstanceStates(br, instances)
 		return err
 	}()
 	if closeErr := br.Close(); err == nil {

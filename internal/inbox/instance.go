@@ -195,17 +195,14 @@ func (c *instanceCache) evict(k instanceKey) {
 // qualified types PROCESSED in it, and its WAITING messages in release order (by id), one row per
 // logical message: a historical duplicate of a WAITING or PROCESSED message is never released.
 const instanceStateSQL = `SELECT i.state = 'OPEN', p.types, w.ids, w.types
-` + instanceStateFrom + `
-WHERE i.id = $1`
-
-// instanceStateFrom is the body of instanceStateSQL, shared with instancesStateSQL (batch.go).
-const instanceStateFrom = `FROM sequence_instance i,
+FROM sequence_instance i,
   LATERAL (SELECT coalesce(array_agg(DISTINCT m.message_type), '{}') AS types
            FROM sequenced_message m WHERE m.sequence_instance_id = i.id AND m.state = 'PROCESSED') p,
   LATERAL (SELECT coalesce(array_agg(m.id ORDER BY m.id), '{}') AS ids,
                   coalesce(array_agg(m.message_type ORDER BY m.id), '{}') AS types
            FROM sequenced_message m WHERE m.sequence_instance_id = i.id AND m.state = 'WAITING'
-             AND ` + waitingStandsForItsMessage + `) w`
+             AND ` + waitingStandsForItsMessage + `) w
+WHERE i.id = $1`
 
 // instanceState is one read of instanceStateSQL. A missing instance (deleted by housekeeping)
 // reads as closed and empty.

@@ -72,7 +72,6 @@ func TestHotStatementsProbeIndexesWhateverTheStatistics(t *testing.T) {
 		{"instance state", instanceStateSQL, []any{instances[0]}},
 		{"batch instances", selectInstancesSQL, []any{slices.Repeat([]string{"chain"}, batch), contexts}},
 		{"batch lookup", lookupMessagesSQL, []any{types, ids}},
-		{"batch instance states", instancesStateSQL, []any{instances}},
 		{"batch states", insertStatesSQL, states.args()},
 		{"batch unclaim", unclaimSQL, []any{types, ids}},
 	}
