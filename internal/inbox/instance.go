@@ -65,12 +65,6 @@ const insertInstancesSQL = `INSERT INTO sequence_instance (name, context_id, ret
 SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[])
 ON CONFLICT (name, context_id) DO NOTHING`
 
-// selectInstancesSQL reads the instances of a batch after insertInstancesSQL, in a new snapshot:
-// those it created and those it found existing (committed by others, for whom it waited). Each
-// key is probed on its own (a lateral LIMIT 1), whatever the table's statistics say.
-const selectInstancesSQL = `SELECT k.name, k.context_id, i.id FROM unnest($1::text[], $2::text[]) AS k(name, context_id)
-CROSS JOIN LATERAL (SELECT id FROM sequence_instance WHERE name = k.name AND context_id = k.context_id LIMIT 1) i`
-
 // getOrCreateInstances sets the instance of every item of a batch, as getOrCreateInstance does
 // for one record: known ids from the cache, all others created or found in one round trip, in
 // one short transaction of their own that commits before any claim references them. A batch of
@@ -98,27 +92,32 @@ func (e *Engine) getOrCreateInstances(ctx context.Context, conn *pgxpool.Conn, i
 		for i, k := range keys {
 			names[i], contexts[i], retain[i] = k.sequence, k.contextID, e.clock.Now().Add(missing[k].Retention)
 		}
+		// The re-reads run after the insert, each in a new snapshot: they find the instances
+		// it created and those it found existing (committed by others, for whom it waited).
 		q := &pgx.Batch{}
 		q.Queue(insertInstancesSQL, names, contexts, retain)
-		q.Queue(selectInstancesSQL, names, contexts)
+		for _, k := range keys {
+			q.Queue(selectInstanceSQL, k.sequence, k.contextID)
+		}
 		br := conn.SendBatch(ctx, q)
 		err := func() error {
 			if _, err := br.Exec(); err != nil {
 				return err
 			}
-			rows, err := br.Query()
-			if err != nil {
-				return err
+			for _, k := range keys {
+				var id int64
+				err := br.QueryRow().Scan(&id)
+				if errors.Is(err, pgx.ErrNoRows) {
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				ids[k] = id
+				e.instances.put(k, id)
+				delete(missing, k)
 			}
-			var key instanceKey
-			var id int64
-			_, err = pgx.ForEachRow(rows, []any{&key.sequence, &key.contextID, &id}, func() error {
-				ids[key] = id
-				e.instances.put(key, id)
-				delete(missing, key)
-				return nil
-			})
-			return err
+			return nil
 		}()
 		if closeErr := br.Close(); err == nil {
 			err = closeErr

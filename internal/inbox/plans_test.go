@@ -3,7 +3,6 @@ package inbox
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"testing"
 )
@@ -70,7 +69,7 @@ func TestHotStatementsProbeIndexesWhateverTheStatistics(t *testing.T) {
 	}{
 		{"claim lookup", lookupMessageSQL, []any{"A", ids[0]}},
 		{"instance state", instanceStateSQL, []any{instances[0]}},
-		{"batch instances", selectInstancesSQL, []any{slices.Repeat([]string{"chain"}, batch), contexts}},
+		{"instance lookup", selectInstanceSQL, []any{"chain", contexts[0]}},
 		{"batch lookup", lookupMessagesSQL, []any{types, ids}},
 		{"batch states", insertStatesSQL, states.args()},
 		{"batch unclaim", unclaimSQL, []any{types, ids}},
