@@ -250,14 +250,7 @@ func TestBatchesAndSingleDeliveriesReleaseEachMessageOnceInSequenceOrder(t *test
 	const iterations, contexts, workers, copies = 12, 4, 8, 2
 	chain := []string{"A", "B", "C"}
 	for it := range iterations {
-		var recs []Record
-		for c := range contexts {
-			for _, typ := range chain {
-				for range copies {
-					recs = append(recs, h.rec(typ, fmt.Sprintf("%s-%d-%d", typ, it, c), fmt.Sprintf("it%d-c%d", it, c)))
-				}
-			}
-		}
+		recs := h.chainRecords(it, contexts, copies, chain)
 		fns := make([]func() error, workers)
 		for w := range fns {
 			order := slices.Clone(recs)

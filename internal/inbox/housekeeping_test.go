@@ -70,16 +70,7 @@ func TestHousekeepingDeletesClosedThenMarksAndDeletesExpiredInstances(t *testing
 		string(got.msg.Record.Value) != string(waiting.Value) || got.msg.Record.Origin != waiting.Origin || got.msg.ContextID != waiting.ContextID {
 		t.Fatalf("dead letter = %+v (%q), want B's record with reason %q", got.msg, got.reason, DeadLetterReasonSequenceDeleted)
 	}
-	for table, n := range map[string]int{
-		"sequence_instance":            h.count(`SELECT count(*) FROM sequence_instance`),
-		"sequenced_message":            h.count(`SELECT count(*) FROM sequenced_message`),
-		"buffered_message":             h.count(`SELECT count(*) FROM buffered_message`),
-		"sequential_inbox_idempotence": h.count(`SELECT count(*) FROM sequential_inbox_idempotence`),
-	} {
-		if n != 0 {
-			t.Fatalf("%s has %d rows after housekeeping, want 0", table, n)
-		}
-	}
+	h.requireEngineTablesEmpty("after housekeeping")
 }
 
 func TestHousekeepingRunsOnOneConsumerAtATime(t *testing.T) {

@@ -113,3 +113,13 @@ func (h *harness) planAsIs(sql string, args ...any) string {
 	h.t.Helper()
 	return h.explain("", sql, args...)
 }
+
+// requireEngineTablesEmpty fails when one of engineTables still holds a row.
+func (h *harness) requireEngineTablesEmpty(when string) {
+	h.t.Helper()
+	for _, table := range engineTables {
+		if n := h.count(`SELECT count(*) FROM ` + table); n != 0 {
+			h.t.Fatalf("%s has %d rows %s, want 0", table, n, when)
+		}
+	}
+}

@@ -54,16 +54,7 @@ func TestLateDuplicateOfAClosedInstanceIsRecognisedUntilItsWindowHasPassed(t *te
 	if rep := h.housekeep(hc, &recordingDeadLetterer{}); rep != (HousekeepingReport{Leader: true, Finished: true, DeletedClosed: 1}) {
 		t.Fatalf("run at the end of the window = %+v, want the closed instance deleted", rep)
 	}
-	for table, n := range map[string]int{
-		"sequence_instance":            h.count(`SELECT count(*) FROM sequence_instance`),
-		"sequenced_message":            h.count(`SELECT count(*) FROM sequenced_message`),
-		"buffered_message":             h.count(`SELECT count(*) FROM buffered_message`),
-		"sequential_inbox_idempotence": h.count(`SELECT count(*) FROM sequential_inbox_idempotence`),
-	} {
-		if n != 0 {
-			t.Fatalf("%s has %d rows after the window, want 0", table, n)
-		}
-	}
+	h.requireEngineTablesEmpty("after the window")
 	// After the window a duplicate is a new message: a new instance, where B waits for A.
 	if res := h.process(h.rec("B", "B1", "done")); res.Outcome != Buffered {
 		t.Fatalf("duplicate after the window = %v, want Buffered in a new instance", res.Outcome)

@@ -94,12 +94,7 @@ func TestConcurrentDeliveriesReleaseEachMessageOnceInSequenceOrder(t *testing.T)
 	const iterations, contexts, workers = 12, 4, 8
 	chain := []string{"A", "B", "C"}
 	for it := range iterations {
-		var recs []Record
-		for c := range contexts {
-			for _, typ := range chain {
-				recs = append(recs, h.rec(typ, fmt.Sprintf("%s-%d-%d", typ, it, c), fmt.Sprintf("it%d-c%d", it, c)))
-			}
-		}
+		recs := h.chainRecords(it, contexts, 1, chain)
 		fns := make([]func() error, workers)
 		for w := range fns {
 			order := slices.Clone(recs)
@@ -187,4 +182,18 @@ func (h *harness) requireAllProcessedNeverTwiceAtOnce() {
 	if o := h.listener.concurrentCalls(); len(o) != 0 {
 		h.t.Fatalf("listener ran twice at the same time for %v", o)
 	}
+}
+
+// chainRecords makes the records of an iteration: for every context it<it>-c<c>, each type of
+// chain in order, copies times each.
+func (h *harness) chainRecords(it, contexts, copies int, chain []string) []Record {
+	var recs []Record
+	for c := range contexts {
+		for _, typ := range chain {
+			for range copies {
+				recs = append(recs, h.rec(typ, fmt.Sprintf("%s-%d-%d", typ, it, c), fmt.Sprintf("it%d-c%d", it, c)))
+			}
+		}
+	}
+	return recs
 }
