@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fails when a generated file (CRDs, RBAC, DeepCopy, the configuration reference) is stale or Go code is unformatted:
-# regenerates into the work tree and compares with what was there before.
+# regenerates into the work tree and compares with what was there before. Also fails on a tracked file over 1 MB.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -27,6 +27,13 @@ unformatted=$(gofmt -l $(find . -name "*.go" -not -path "./.git/*" -not -path ".
 if [ -n "$unformatted" ]; then
   echo "verify: unformatted Go files (run 'make fmt'):" >&2
   echo "$unformatted" >&2
+  stale=1
+fi
+# A tracked file over 1 MB is a build output or data that belongs elsewhere, never a source.
+large=$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$1 > 1048576 {print $2}' || true)
+if [ -n "$large" ]; then
+  echo "verify: tracked files over 1 MB (remove them with 'git rm --cached' and add them to .gitignore):" >&2
+  echo "$large" >&2
   stale=1
 fi
 exit $stale
