@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/clock"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
@@ -120,8 +122,6 @@ func (c *Config) validate() error {
 		return errors.New("no instance ID")
 	case len(c.bootstrapServers()) == 0:
 		return errors.New("no bootstrap servers")
-	case c.Inbox.Spec.Kafka.SASL != nil && (c.Kafka.Username == "" || c.Kafka.Password == ""):
-		return fmt.Errorf("spec.kafka.sasl (%s) needs a user name and password: SEQINBOX_KAFKA_USERNAME and SEQINBOX_KAFKA_PASSWORD", c.Inbox.Spec.Kafka.SASL.Mechanism)
 	case c.Inbox.Spec.Sink.TLS != nil && c.Inbox.Spec.Sink.TLS.ClientCertificate != nil && (c.SinkAuth.CertFile == "" || c.SinkAuth.KeyFile == ""):
 		return errors.New("spec.sink.tls.clientCertificate needs the certificate and key files: SEQINBOX_SINK_CERT_FILE and SEQINBOX_SINK_KEY_FILE")
 	case c.Inbox.Spec.Sink.BearerTokenSecretRef != nil && c.SinkAuth.TokenFile == "":
@@ -134,6 +134,9 @@ func (c *Config) validate() error {
 		return fmt.Errorf("spec.kafka.maxBufferedBytes %s must be at least 1Mi", c.Inbox.Spec.Kafka.MaxBufferedBytes)
 	case c.MemoryLimit < 0:
 		return fmt.Errorf("memory limit %d must not be negative", c.MemoryLimit)
+	}
+	if err := checkKafkaMaterial(&c.Inbox.Spec.Kafka, c.Kafka); err != nil {
+		return err
 	}
 	return checkGroupTimes(&c.Inbox.Spec.Kafka)
 }
@@ -185,19 +188,24 @@ func (c *Config) inFlightLimit() int {
 
 // ConnectionOptions are the franz-go options that reach the brokers of a SequentialInbox: seed
 // brokers, TLS and SASL. The consumer, its dead-letter producer and the retry command use them.
+// The SASL user name is spec.kafka.sasl.username unless k names one (the operator passes the
+// user of spec.kafka.sasl.usernameSecretRef as SEQINBOX_KAFKA_USERNAME).
 func ConnectionOptions(spec *v1alpha1.KafkaSpec, k Kafka) ([]kgo.Opt, error) {
+	if err := checkKafkaMaterial(spec, k); err != nil {
+		return nil, err
+	}
 	seeds := k.BootstrapServers
 	if len(seeds) == 0 {
 		seeds = spec.BootstrapServers
 	}
-	m := kafkaauth.Material{Username: k.Username, Password: k.Password}
+	m := kafkaauth.Material{Username: saslUsername(spec, k), Password: k.Password}
 	files := []struct {
-		what, path string
-		into       *[]byte
+		what, env, path string
+		into            *[]byte
 	}{
-		{"CA bundle", k.CAFile, &m.CA},
-		{"client certificate", k.CertFile, &m.Certificate},
-		{"client key", k.KeyFile, &m.PrivateKey},
+		{"CA bundle", envCAFile, k.CAFile, &m.CA},
+		{"client certificate", envCertFile, k.CertFile, &m.Certificate},
+		{"client key", envKeyFile, k.KeyFile, &m.PrivateKey},
 	}
 	for _, f := range files {
 		if f.path == "" {
@@ -205,12 +213,13 @@ func ConnectionOptions(spec *v1alpha1.KafkaSpec, k Kafka) ([]kgo.Opt, error) {
 		}
 		data, err := os.ReadFile(f.path)
 		if err != nil {
-			return nil, fmt.Errorf("kafka %s: %w", f.what, err)
+			return nil, fmt.Errorf("kafka %s (%s): %w", f.what, f.env, err)
 		}
 		*f.into = data
 	}
-	if spec.TLS != nil && spec.TLS.ClientCertificate != nil && (k.CertFile == "" || k.KeyFile == "") {
-		return nil, fmt.Errorf("spec.kafka.tls.clientCertificate needs the certificate and key files: %s and %s", envCertFile, envKeyFile)
+	if ref := caSecretRef(spec); ref != nil && !x509.NewCertPool().AppendCertsFromPEM(m.CA) {
+		return nil, fmt.Errorf("spec.kafka.tls.caSecretRef (Secret %s key %s): %s %s holds no PEM certificate; point it at the CA bundle of the brokers",
+			ref.Name, ref.Key, envCAFile, k.CAFile)
 	}
 	auth, err := kafkaauth.Options(spec, m)
 	if err != nil {
@@ -219,8 +228,52 @@ func ConnectionOptions(spec *v1alpha1.KafkaSpec, k Kafka) ([]kgo.Opt, error) {
 	return append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, auth...), nil
 }
 
-// Variables through which a pod gets the client certificate files; named in errors.
+// checkKafkaMaterial refuses a spec.kafka whose Secrets' contents k lacks, naming the field and
+// the variable that carries its content (in a pod the operator sets them from the Secrets).
+func checkKafkaMaterial(spec *v1alpha1.KafkaSpec, k Kafka) error {
+	if s := spec.SASL; s != nil {
+		if saslUsername(spec, k) == "" {
+			ref := s.UsernameSecretRef
+			if ref == nil {
+				return fmt.Errorf("spec.kafka.sasl (%s) has no user name: set spec.kafka.sasl.username, or %s", s.Mechanism, envUsername)
+			}
+			return fmt.Errorf("spec.kafka.sasl.usernameSecretRef (Secret %s key %s): set %s to the user name it holds", ref.Name, ref.Key, envUsername)
+		}
+		if k.Password == "" {
+			ref := s.PasswordSecretRef
+			return fmt.Errorf("spec.kafka.sasl.passwordSecretRef (Secret %s key %s): set %s to the password it holds", ref.Name, ref.Key, envPassword)
+		}
+	}
+	if ref := caSecretRef(spec); ref != nil && k.CAFile == "" {
+		return fmt.Errorf("spec.kafka.tls.caSecretRef (Secret %s key %s): set %s to a file with the CA bundle it holds", ref.Name, ref.Key, envCAFile)
+	}
+	if spec.TLS != nil && spec.TLS.ClientCertificate != nil && (k.CertFile == "" || k.KeyFile == "") {
+		return fmt.Errorf("spec.kafka.tls.clientCertificate needs the certificate and key files: %s and %s", envCertFile, envKeyFile)
+	}
+	return nil
+}
+
+// saslUsername is the SASL user name: k's, else spec.kafka.sasl.username.
+func saslUsername(spec *v1alpha1.KafkaSpec, k Kafka) string {
+	if k.Username != "" || spec.SASL == nil {
+		return k.Username
+	}
+	return spec.SASL.Username
+}
+
+// caSecretRef is spec.kafka.tls.caSecretRef, nil when unset.
+func caSecretRef(spec *v1alpha1.KafkaSpec) *corev1.SecretKeySelector {
+	if spec.TLS == nil {
+		return nil
+	}
+	return spec.TLS.CASecretRef
+}
+
+// Variables through which a pod gets what spec.kafka's Secrets hold; named in errors.
 const (
+	envUsername = "SEQINBOX_KAFKA_USERNAME"
+	envPassword = "SEQINBOX_KAFKA_PASSWORD"
+	envCAFile   = "SEQINBOX_KAFKA_CA_FILE"
 	envCertFile = "SEQINBOX_KAFKA_CERT_FILE"
 	envKeyFile  = "SEQINBOX_KAFKA_KEY_FILE"
 )

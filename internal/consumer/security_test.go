@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/manifest"
 	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
@@ -112,5 +113,31 @@ func TestConsumerNamesTheRefusedKafkaPassword(t *testing.T) {
 	}
 	if strings.Contains(reason, "not-the-password") {
 		t.Errorf("readiness %q shows the password", reason)
+	}
+}
+
+// TestConsumerOfTheClusterSampleTakesTheUserNameOfTheManifest builds the consumer of the cluster
+// sample as `seqinbox consume -f` does outside Kubernetes, with only the password and the CA
+// file of its Secrets: spec.kafka.sasl.username is the user, no variable needs to repeat it.
+func TestConsumerOfTheClusterSampleTakesTheUserNameOfTheManifest(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inbox, err := manifest.Load(filepath.Join(root, "config", "samples", "cluster_order-inbox.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := filepath.Join(t.TempDir(), "ca.crt")
+	if err := os.WriteFile(ca, testenv.NewPKI(t).CAPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Inbox: inbox, DatabaseURL: dbURL, InstanceID: "sample-1", Kafka: Kafka{Password: "s3cret", CAFile: ca}}
+	if _, err := New(cfg); err != nil {
+		t.Fatalf("New with the password and CA file of the sample's Secrets: %v", err)
+	}
+	cfg.Kafka.Password = ""
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "spec.kafka.sasl.passwordSecretRef (Secret order-inbox key password): set SEQINBOX_KAFKA_PASSWORD") {
+		t.Fatalf("New without the password = %v, want the field and SEQINBOX_KAFKA_PASSWORD named", err)
 	}
 }
