@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
-	"strings"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -37,12 +36,15 @@ buffer out-of-order messages, deliver released ones to the sink, and dead-letter
 
 The manifest is the file you apply with kubectl. What the cluster would take from Secrets comes
 from flags or the environment: --database-url (SEQINBOX_DATABASE_URL), --bootstrap-servers
-(SEQINBOX_BOOTSTRAP_SERVERS), SEQINBOX_KAFKA_USERNAME, SEQINBOX_KAFKA_PASSWORD and
-SEQINBOX_KAFKA_CA_FILE. SEQINBOX_MEMORY_LIMIT (bytes, or a quantity such as 512Mi; the operator
-passes the container's memory limit) sets the bound on the bytes of buffered records to a quarter
-of it, unless spec.kafka.maxBufferedBytes sets it, and the Go runtime's memory limit to 90% of it,
-unless GOMEMLIMIT sets that. The database schema must be current: run
-'seqinbox migrate' first.
+(SEQINBOX_BOOTSTRAP_SERVERS); for spec.kafka.sasl SEQINBOX_KAFKA_PASSWORD, and
+SEQINBOX_KAFKA_USERNAME unless spec.kafka.sasl.username is set; for spec.kafka.tls the files
+SEQINBOX_KAFKA_CA_FILE, SEQINBOX_KAFKA_CERT_FILE and SEQINBOX_KAFKA_KEY_FILE; for spec.sink.tls
+SEQINBOX_SINK_CA_FILE, SEQINBOX_SINK_CERT_FILE and SEQINBOX_SINK_KEY_FILE; for
+spec.sink.bearerTokenSecretRef SEQINBOX_SINK_TOKEN_FILE. SEQINBOX_MEMORY_LIMIT (bytes, or a
+quantity such as 512Mi; the operator passes the container's memory limit) sets the bound on the
+bytes of buffered records to a quarter of it, unless spec.kafka.maxBufferedBytes sets it, and the
+Go runtime's memory limit to 90% of it, unless GOMEMLIMIT sets that. The database schema must be
+current: run 'seqinbox migrate' first.
 
 Outside Kubernetes the endpoints listen on 127.0.0.1 on ports the kernel picks (the log names
 them), so several consumers run side by side on one host. In a pod the operator passes the
@@ -72,21 +74,10 @@ addresses and the pod name as --instance-id.`,
 			if instanceID == "" {
 				instanceID = defaultInstanceID()
 			}
-			var servers []string
-			if bootstrap != "" {
-				servers = strings.Split(bootstrap, ",")
-			}
 			c, err := consumer.New(consumer.Config{
 				Inbox:       inbox,
 				DatabaseURL: databaseURL,
-				Kafka: consumer.Kafka{
-					BootstrapServers: servers,
-					Username:         os.Getenv(envKafkaUsername),
-					Password:         os.Getenv(envKafkaPassword),
-					CAFile:           os.Getenv(envKafkaCAFile),
-					CertFile:         os.Getenv(envKafkaCertFile),
-					KeyFile:          os.Getenv(envKafkaKeyFile),
-				},
+				Kafka:       kafkaFromEnv(bootstrap),
 				SinkAuth: sink.Auth{
 					CAFile: os.Getenv(envSinkCAFile), CertFile: os.Getenv(envSinkCertFile),
 					KeyFile: os.Getenv(envSinkKeyFile), TokenFile: os.Getenv(envSinkTokenFile),

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strings"
 
@@ -58,12 +57,7 @@ dead letters.`,
 			if err != nil {
 				return err
 			}
-			k := consumer.Kafka{Username: os.Getenv(envKafkaUsername), Password: os.Getenv(envKafkaPassword), CAFile: os.Getenv(envKafkaCAFile),
-				CertFile: os.Getenv(envKafkaCertFile), KeyFile: os.Getenv(envKafkaKeyFile)}
-			if bootstrap != "" {
-				k.BootstrapServers = strings.Split(bootstrap, ",")
-			}
-			conn, err := consumer.ConnectionOptions(&inbox.Spec.Kafka, k)
+			conn, err := consumer.ConnectionOptions(&inbox.Spec.Kafka, kafkaFromEnv(bootstrap))
 			if err != nil {
 				return fmt.Errorf("%s: %w", file, err)
 			}

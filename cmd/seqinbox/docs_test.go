@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
@@ -260,6 +261,105 @@ func checkKubectl(t *testing.T, c docCommand, resources []string) {
 		}
 		if key, _, ok := strings.Cut(w, "="); ok && strings.HasPrefix(key, "inbox.seqinbox.dev/") && key != v1alpha1.ApproveRolloutAnnotation {
 			t.Errorf("%s: annotation %s is not %s", c.where, key, v1alpha1.ApproveRolloutAnnotation)
+		}
+	}
+}
+
+// cliSections returns the text of each "### `seqinbox COMMAND`" section of docs/cli.md by the
+// command's path ("deadletters retry").
+func cliSections(t *testing.T) map[string]string {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "docs", "cli.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]string{}
+	current := ""
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "#") {
+			current = ""
+			if name, ok := strings.CutPrefix(line, "### `seqinbox "); ok {
+				current = strings.TrimSuffix(name, "`")
+			}
+			continue
+		}
+		if current != "" {
+			sections[current] += line + "\n"
+		}
+	}
+	return sections
+}
+
+// TestTheCLIPageDocumentsEveryFlagOfEachCommand checks docs/cli.md against the command tree: each
+// command with flags has its section, the section names every flag the command shows in --help
+// and no flag that the command lacks, and the row of a flag that an environment variable stands
+// in for names that variable.
+func TestTheCLIPageDocumentsEveryFlagOfEachCommand(t *testing.T) {
+	sections := cliSections(t)
+	documented := regexp.MustCompile("`(--?[a-z0-9-]+)`")
+	envOfFlag := regexp.MustCompile(`\(env (SEQINBOX_[A-Z_]+)\)`)
+	seen := map[string]bool{}
+	for _, path := range commandPaths(newRootCommand(), nil) {
+		cmd, _, err := newRootCommand().Find(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := strings.Join(path, " ")
+		flags := map[string]*pflag.Flag{}
+		shown := 0
+		cmd.LocalFlags().VisitAll(func(f *pflag.Flag) {
+			if f.Name == "help" {
+				return
+			}
+			flags["--"+f.Name] = f
+			if f.Shorthand != "" {
+				flags["-"+f.Shorthand] = f
+			}
+			if !f.Hidden {
+				shown++
+			}
+		})
+		if shown == 0 {
+			continue
+		}
+		section, ok := sections[name]
+		if !ok {
+			t.Errorf("docs/cli.md has no section ### `seqinbox %s` for its %d flags", name, shown)
+			continue
+		}
+		seen[name] = true
+		names := map[string]bool{}
+		for _, m := range documented.FindAllStringSubmatch(section, -1) {
+			names[m[1]] = true
+			if flags[m[1]] == nil {
+				t.Errorf("docs/cli.md, seqinbox %s: names %s, which the command does not take", name, m[1])
+			}
+		}
+		for spelling, f := range flags {
+			if f.Hidden {
+				continue
+			}
+			if !names[spelling] {
+				t.Errorf("docs/cli.md, seqinbox %s: does not name %s", name, spelling)
+			}
+			env := envOfFlag.FindStringSubmatch(f.Usage)
+			if env == nil || !strings.HasPrefix(spelling, "--") {
+				continue
+			}
+			for _, row := range strings.Split(section, "\n") {
+				if strings.HasPrefix(row, "| `"+spelling+"`") && !strings.Contains(row, "`"+env[1]+"`") {
+					t.Errorf("docs/cli.md, seqinbox %s: the row of %s does not name %s, which stands in for it", name, spelling, env[1])
+				}
+			}
+		}
+	}
+	for name := range sections {
+		if !seen[name] {
+			t.Errorf("docs/cli.md has a section for seqinbox %s, which is no command with flags", name)
 		}
 	}
 }

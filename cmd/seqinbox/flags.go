@@ -10,6 +10,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/seqinbox/seqinbox/internal/consumer"
 )
 
 // The flags that several commands share are defined here, once, so that a name means the same on
@@ -31,6 +33,8 @@ const (
 	envSinkCertFile     = "SEQINBOX_SINK_CERT_FILE"
 	envSinkKeyFile      = "SEQINBOX_SINK_KEY_FILE"
 	envSinkTokenFile    = "SEQINBOX_SINK_TOKEN_FILE"
+	// envImage is the operator's default image of consumers and Jobs (--default-image).
+	envImage = "SEQINBOX_IMAGE"
 	// envMemoryLimit is the consumer container's memory limit, from the downward API.
 	envMemoryLimit = "SEQINBOX_MEMORY_LIMIT"
 )
@@ -97,6 +101,19 @@ func requireDatabaseURL(cmd *cobra.Command, p *string) error {
 		return usageErrorf("--database-url or %s is required", envDatabaseURL)
 	}
 	return nil
+}
+
+// kafkaFromEnv is what spec.kafka's Secrets hold, from the environment, with the brokers of
+// --bootstrap-servers (comma-separated; empty keeps spec.kafka.bootstrapServers).
+func kafkaFromEnv(bootstrap string) consumer.Kafka {
+	k := consumer.Kafka{
+		Username: os.Getenv(envKafkaUsername), Password: os.Getenv(envKafkaPassword),
+		CAFile: os.Getenv(envKafkaCAFile), CertFile: os.Getenv(envKafkaCertFile), KeyFile: os.Getenv(envKafkaKeyFile),
+	}
+	if bootstrap != "" {
+		k.BootstrapServers = strings.Split(bootstrap, ",")
+	}
+	return k
 }
 
 // servingFlags are the addresses of the HTTP endpoints of a long-running command.

@@ -24,7 +24,7 @@ import (
 // defaultImage is what spec.image defaults to: $SEQINBOX_IMAGE (set by the install bundle), else
 // this release's image, so that operator, migrations and engine are one release.
 func defaultImage() string {
-	if image := os.Getenv("SEQINBOX_IMAGE"); image != "" {
+	if image := os.Getenv(envImage); image != "" {
 		return image
 	}
 	return "ghcr.io/seqinbox/seqinbox:" + version.Version
