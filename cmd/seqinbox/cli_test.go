@@ -134,6 +134,8 @@ func TestUsageErrorsExitTwoWithOneLineNamingTheProblem(t *testing.T) {
 		{[]string{"deadletters", "retry"}, "seqinbox deadletters retry: -f inbox.yaml is required"},
 		{[]string{"deadletters", "retry", "-f", "inbox.yaml", "--limit", "-1"}, "seqinbox deadletters retry: --limit -1: use 0 (all) or a positive number"},
 		{[]string{"deadletters", "retry", "-f", "inbox.yaml", "--limit", "many"}, `seqinbox deadletters retry: invalid argument "many" for "--limit" flag`},
+		{[]string{"deadletters", "retry", "-f", "inbox.yaml", "--filter-reason", "listenerfailed"}, `seqinbox deadletters retry: --filter-reason "listenerfailed": reasons are case-sensitive; use ListenerFailed`},
+		{[]string{"deadletters", "retry", "-f", "inbox.yaml", "--filter-reason", "Timeout"}, `seqinbox deadletters retry: --filter-reason "Timeout": no dead letter has this reason; use one of FilterError, `},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 
@@ -52,6 +53,9 @@ dead letters.`,
 			if limit < 0 {
 				return usageErrorf("--limit %d: use 0 (all) or a positive number", limit)
 			}
+			if err := checkFilterReason(reason); err != nil {
+				return err
+			}
 			fromEnv(cmd, "bootstrap-servers", envBootstrapServers, &bootstrap)
 			inbox, err := manifest.Load(file)
 			if err != nil {
@@ -68,6 +72,9 @@ dead letters.`,
 				Limit:  limit,
 			}
 			rep, err := deadletter.Retry(cmd.Context(), conn, opts)
+			if err != nil && rep.Total()+rep.Skipped+rep.Incomplete+rep.Unroutable == 0 {
+				return err
+			}
 			return errors.Join(err, printRetryReport(cmd.OutOrStdout(), opts, rep))
 		},
 	}
@@ -76,6 +83,21 @@ dead letters.`,
 	cmd.Flags().IntVar(&limit, "limit", 0, "re-publish at most this many dead letters (0: all)")
 	cmd.Flags().StringVar(&reason, "filter-reason", "", "re-publish only dead letters of this reason (header seqinbox-dlq-reason, e.g. ListenerFailed)")
 	return cmd
+}
+
+// checkFilterReason refuses a --filter-reason that no dead letter can carry: it would match
+// nothing and keep its position in a consumer group named after the typo.
+func checkFilterReason(reason string) error {
+	reasons := deadletter.Reasons()
+	if reason == "" || slices.Contains(reasons, reason) {
+		return nil
+	}
+	for _, r := range reasons {
+		if strings.EqualFold(r, reason) {
+			return usageErrorf("--filter-reason %q: reasons are case-sensitive; use %s", reason, r)
+		}
+	}
+	return usageErrorf("--filter-reason %q: no dead letter has this reason; use one of %s", reason, strings.Join(reasons, ", "))
 }
 
 // printRetryReport writes what a retry re-published, by reason.

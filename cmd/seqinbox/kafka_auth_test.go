@@ -88,3 +88,17 @@ func TestKafkaSecretsOutsideKubernetesNameTheVariableToSet(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryWithAnUnreachableBrokerFailsWithoutAReport checks that `deadletters retry` that
+// cannot reach Kafka says so, and only so: no "re-published 0" report before the error.
+func TestRetryWithAnUnreachableBrokerFailsWithoutAReport(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sample := filepath.Join(root, "config", "samples", "inbox_v1alpha1_sequentialinbox.yaml")
+	stdout, stderr, code := seqinbox(t, "deadletters", "retry", "-f", sample, "--bootstrap-servers", "127.0.0.1:1")
+	if code != exitFailed || stdout != "" || !strings.Contains(stderr, "connection refused") {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1, nothing on stdout and the refused connection on stderr", code, stdout, stderr)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"k8s.io/utils/clock"
 
+	"github.com/seqinbox/seqinbox/internal/decode"
 	"github.com/seqinbox/seqinbox/internal/inbox"
 )
 
@@ -58,6 +60,15 @@ const (
 	// value beyond what the schema can index or store).
 	ReasonRecordRejected = "RecordRejected"
 )
+
+// Reasons are every reason a dead letter can carry in HeaderReason: these and the decode error
+// classes, sorted.
+func Reasons() []string {
+	reasons := append([]string{ReasonListenerFailed, ReasonReleaseFailed, ReasonSequenceDeleted, ReasonOperatorAction,
+		ReasonListenerDeadlineExceeded, ReasonRecordRejected}, decode.Classes()...)
+	slices.Sort(reasons)
+	return reasons
+}
 
 // Letter is one record on its way to the dead-letter topic.
 type Letter struct {

@@ -54,6 +54,12 @@ const (
 	ClassInvalidHeader = "InvalidHeader"
 )
 
+// Classes are the error classes, every one a dead-letter reason.
+func Classes() []string {
+	return []string{ClassInvalidCloudEvent, ClassInvalidJSON, ClassMissingID, ClassMissingType, ClassUndeclaredType,
+		ClassInvalidSubtype, ClassFilterError, ClassMissingIdempotenceID, ClassInvalidField, ClassInvalidID, ClassInvalidHeader}
+}
+
 // Error is a record that cannot be processed; Class is its dead-letter reason.
 type Error struct {
 	Class string

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/seqinbox/seqinbox/internal/deadletter"
 	"github.com/seqinbox/seqinbox/internal/testenv"
 	"github.com/seqinbox/seqinbox/migrations"
 )
@@ -109,6 +110,17 @@ func TestDeadLetterReferenceNamesEveryHeaderAndReason(t *testing.T) {
 	code = append(code, sourceMatches(t, regexp.MustCompile(`(?m)^\s*Class\w+\s*=\s*"([A-Za-z]+)"`), "internal/decode")...)
 	slices.Sort(code)
 	compare(t, "docs/dead-letters.md", code, documented)
+}
+
+// TestEveryDeadLetterReasonIsInTheListThatRetryAccepts checks deadletter.Reasons, the reasons
+// `deadletters retry --filter-reason` accepts, against the reason constants of the code.
+func TestEveryDeadLetterReasonIsInTheListThatRetryAccepts(t *testing.T) {
+	code := append(sourceMatches(t, regexp.MustCompile(`(?m)^\s*Reason\w+\s*=\s*"([A-Za-z]+)"`), "internal/deadletter"),
+		sourceMatches(t, regexp.MustCompile(`(?m)^\s*Class\w+\s*=\s*"([A-Za-z]+)"`), "internal/decode")...)
+	slices.Sort(code)
+	if got := deadletter.Reasons(); !slices.Equal(got, code) {
+		t.Errorf("deadletter.Reasons() = %v, want every reason constant %v", got, code)
+	}
 }
 
 func TestTroubleshootingNamesEveryConditionAndReason(t *testing.T) {
