@@ -98,11 +98,11 @@ bench: ## Run the benchmarks (engine, consumer, operator) once.
 
 .PHONY: build
 build: ## Build bin/seqinbox.
-	go build -ldflags "$(LDFLAGS)" -o bin/seqinbox ./cmd/seqinbox
+	go build -trimpath -ldflags "$(LDFLAGS)" -o bin/seqinbox ./cmd/seqinbox
 
 .PHONY: run
 run: manifests generate ## Run the operator against the cluster of the current kubeconfig.
-	go run -ldflags "$(LDFLAGS)" ./cmd/seqinbox operator
+	go run -trimpath -ldflags "$(LDFLAGS)" ./cmd/seqinbox operator
 
 .PHONY: demo
 demo: ## Run the whole claim engine locally on embedded defaults and print a report.

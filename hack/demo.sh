@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 version=${VERSION:-v0.1.0-dev}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 echo "demo: building bin/seqinbox-dev with the development commands (-tags dev; the first build compiles the dependencies: a minute or two)" >&2
-go build -ldflags "-X github.com/seqinbox/seqinbox/internal/version.Version=$version -X github.com/seqinbox/seqinbox/internal/version.Commit=$commit" \
+go build -trimpath -ldflags "-X github.com/seqinbox/seqinbox/internal/version.Version=$version -X github.com/seqinbox/seqinbox/internal/version.Commit=$commit" \
   -tags dev -o bin/seqinbox-dev ./cmd/seqinbox
 echo "demo: finding PostgreSQL (hack/postgres.sh)" >&2
 url=$(hack/postgres.sh)

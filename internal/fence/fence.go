@@ -335,8 +335,14 @@ func (f *Fence) Run(ctx context.Context, onChange func(ready bool, reason string
 		f.log.Info("consumer readiness changed", "ready", ready, "reason", reason)
 		onChange(ready, reason)
 	}
+	// lastBeat is when the last successful heartbeat (the first: the registration) was sent; a
+	// consumer that never registered has no row to delete when it stops.
+	var lastBeat time.Time
 	defer func() {
 		report(false, "consumer is stopping")
+		if lastBeat.IsZero() {
+			return
+		}
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.interval)
 		defer cancel()
 		if err := f.Deregister(dctx); err != nil {
@@ -344,7 +350,6 @@ func (f *Fence) Run(ctx context.Context, onChange func(ready bool, reason string
 		}
 	}()
 
-	var lastBeat time.Time
 	for {
 		// Every statement of a pass, and its wait for a connection, ends within the interval.
 		cctx, cancel := context.WithTimeout(ctx, f.interval)

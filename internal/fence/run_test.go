@@ -3,12 +3,16 @@ package fence_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/seqinbox/seqinbox/internal/fence"
+	"github.com/seqinbox/seqinbox/internal/testenv"
 	"github.com/seqinbox/seqinbox/migrations"
 )
 
@@ -249,4 +253,65 @@ func TestRunRefusesTablesOwnedByAnotherInboxAndClaimsUnownedOnes(t *testing.T) {
 	}
 	clock.Advance(t, fence.DefaultHeartbeatInterval)
 	r.noChange(t, clock)
+}
+
+// errorLog is a logger that keeps the messages of its Error calls.
+type errorLog struct {
+	mu     sync.Mutex
+	errors []string
+}
+
+func (l *errorLog) logger() logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		if strings.Contains(args, `"error"`) || strings.Contains(args, "failed") {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.errors = append(l.errors, args)
+		}
+	}, funcr.Options{})
+}
+
+func (l *errorLog) has(s string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.errors {
+		if strings.Contains(e, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestAConsumerThatNeverRegisteredStopsWithoutADeregisterError stops fences that could not
+// register (a database without the schema, and one that cannot be reached): a clean stop logs no
+// "deregister failed" for a row that was never written.
+func TestAConsumerThatNeverRegisteredStopsWithoutADeregisterError(t *testing.T) {
+	for name, url := range map[string]string{
+		"unmigrated":  testenv.FreshDatabase(t, "fence_unmigrated"),
+		"unreachable": "postgres://seqinbox@127.0.0.1:1/none?connect_timeout=1",
+	} {
+		t.Run(name, func(t *testing.T) {
+			pool, err := pgxpool.New(context.Background(), url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			var log errorLog
+			clock := newManualClock()
+			f, err := fence.New(pool, identity("never", "orders", "proto-a"), fence.Config{Clock: clock, Log: log.logger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := startRun(t, f)
+			if c := r.next(t); c.ready {
+				t.Fatalf("first readiness = %+v, want not ready", c)
+			}
+			clock.awaitWaiter(t)
+			r.stop()
+			<-r.done
+			if log.has("deregister failed") {
+				t.Fatalf("a stop before any registration logged %v", log.errors)
+			}
+		})
+	}
 }
