@@ -183,11 +183,14 @@ func (e *Engine) RunPendingActions(ctx context.Context, dl DeadLetterer) (int, e
 	if dl == nil {
 		return 0, errors.New("pending actions: no dead-letterer")
 	}
-	conn, err := e.acquire(ctx, e.maint)
+	actx, cancel := context.WithTimeout(ctx, e.cfg.AcquireTimeout)
+	conn, stateConn, err := e.acquirePair(actx, e.maint)
+	cancel()
 	if err != nil {
-		return 0, fmt.Errorf("pending actions: acquire maintenance connection: %w", err)
+		return 0, fmt.Errorf("pending actions: maintenance pool: %w", err)
 	}
 	defer conn.Release()
+	defer stateConn.Release()
 	rows, err := conn.Query(ctx, pendingInstancesSQL, actionBatchSize)
 	if err != nil {
 		return 0, fmt.Errorf("pending actions: find: %w", err)
@@ -198,7 +201,7 @@ func (e *Engine) RunPendingActions(ctx context.Context, dl DeadLetterer) (int, e
 	}
 	done := 0
 	for _, id := range ids {
-		n, err := e.runActionsUnderInstanceLock(ctx, conn, id, dl)
+		n, err := e.runActionsUnderInstanceLock(ctx, conn, stateConn, id, dl)
 		done += n
 		if err != nil {
 			return done, err
@@ -252,11 +255,18 @@ WHERE id = $1 AND coalesce(pending_action_id, '') = $2`
 const reportActionSQL = `UPDATE operator_action SET outcome = $2, detail = $3, executed_at = now()
 WHERE request_id = $1 AND outcome IS NULL`
 
+// deadLetterTimeout bounds publishing the dead letters an action run decided; they go out even
+// when the run's context has ended.
+const deadLetterTimeout = 30 * time.Second
+
 // runActionsUnderInstanceLock executes the pending actions of one instance in one transaction
 // that holds the instance's release lock: message actions in message order, then the instance
-// action, then the ordinary release of whatever became releasable.
-func (e *Engine) runActionsUnderInstanceLock(ctx context.Context, conn *pgxpool.Conn, instanceID int64, dl DeadLetterer) (int, error) {
-	li, err := e.lockInstance(ctx, conn, e.maint, instanceID, lockInstanceSkipLockedSQL)
+// action, then the ordinary release of whatever became releasable. The dead letters it decided
+// are published whatever becomes of the rest of the run: each failure's state (FAILED, claim
+// deleted) committed on the state connection before it was collected, so nothing else would ever
+// retry it.
+func (e *Engine) runActionsUnderInstanceLock(ctx context.Context, conn, stateConn *pgxpool.Conn, instanceID int64, dl DeadLetterer) (int, error) {
+	li, err := e.lockInstance(ctx, conn, stateConn, instanceID, lockInstanceSkipLockedSQL)
 	if err != nil || li == nil {
 		endQuietly(conn, rollbackSQL)
 		if err != nil {
@@ -264,22 +274,30 @@ func (e *Engine) runActionsUnderInstanceLock(ctx context.Context, conn *pgxpool.
 		}
 		return 0, nil
 	}
-	defer li.releaseStateConn()
 	done, err := li.runActions(ctx)
 	if err != nil {
 		endQuietly(conn, rollbackSQL)
-		return 0, fmt.Errorf("actions on instance %d (%s/%s): %w", instanceID, li.name, li.contextID, err)
+	} else {
+		err = li.commit(ctx)
 	}
-	if err := li.commit(ctx); err != nil {
-		return 0, fmt.Errorf("actions on instance %d (%s/%s): %w", instanceID, li.name, li.contextID, err)
+	if err != nil {
+		err = fmt.Errorf("actions on instance %d (%s/%s): %w", instanceID, li.name, li.contextID, err)
 	}
-	for _, f := range li.failures {
-		if err := dl.DeadLetter(ctx, f.Message, "operator action: "+f.Err.Error()); err != nil {
-			return done, fmt.Errorf("actions on instance %d: dead-letter %s/%s: %w",
-				instanceID, f.Message.QualifiedType, f.Message.Record.IdempotenceID, err)
+	return done, errors.Join(err, publishFailures(ctx, dl, li.failures))
+}
+
+// publishFailures dead-letters the failures of an action run, each tried once; the error names
+// those that could not be published.
+func publishFailures(ctx context.Context, dl DeadLetterer, failures []Failure) error {
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deadLetterTimeout)
+	defer cancel()
+	var errs []error
+	for _, f := range failures {
+		if err := dl.DeadLetter(pctx, f.Message, "operator action: "+f.Err.Error()); err != nil {
+			errs = append(errs, fmt.Errorf("dead-letter %s/%s: %w", f.Message.QualifiedType, f.Message.Record.IdempotenceID, err))
 		}
 	}
-	return done, nil
+	return errors.Join(errs...)
 }
 
 // pendingMessageAction is one row of pendingMessageActionsSQL: the row that carries the action
@@ -370,7 +388,7 @@ func (li *lockedInstance) claimForAction(ctx context.Context, a pendingMessageAc
 	if closeErr := br.Close(); err == nil {
 		err = closeErr
 	}
-	li.idleSince = time.Now()
+	li.lease.answered()
 	return stored, found, err
 }
 
@@ -407,11 +425,7 @@ func (li *lockedInstance) runMessageAction(ctx context.Context, a pendingMessage
 	}
 	li.e.log.Info("message action executed", "action", a.action, "messageId", a.id, "sequence", li.name,
 		"context", li.contextID, "outcome", out.outcome, "detail", out.detail)
-	stateConn, err := li.acquireStateConn(ctx)
-	if err != nil {
-		return err
-	}
-	if err := finishMessageActionInNewTx(ctx, stateConn, w, a, out); err != nil {
+	if err := li.finishMessageAction(ctx, w, a, out); err != nil {
 		return err
 	}
 	return li.endSavepoint(ctx, releaseSavepointSQL)
@@ -426,7 +440,7 @@ func (li *lockedInstance) consume(ctx context.Context, a pendingMessageAction, s
 	switch {
 	case d.listenerErr == nil:
 		out := executed("delivered; the message is PROCESSED (it was %s)", stored.state)
-		if err := finishMessageActionInNewTx(ctx, d.stateConn, stateWrite{id: stored.id, from: stored.state, to: stateProcessed}, a, out); err != nil {
+		if err := li.finishMessageAction(ctx, stateWrite{id: stored.id, from: stored.state, to: stateProcessed}, a, out); err != nil {
 			return err
 		}
 		return li.endSavepoint(ctx, releaseSavepointSQL)
@@ -434,14 +448,14 @@ func (li *lockedInstance) consume(ctx context.Context, a pendingMessageAction, s
 		li.e.log.Info("CONSUME of a PROCESSED message failed; it stays PROCESSED", "messageId", stored.id,
 			"sequence", li.name, "context", li.contextID, "error", d.listenerErr.Error())
 		out := failed("delivery failed: %v; the message stays PROCESSED", d.listenerErr)
-		if err := finishMessageActionInNewTx(ctx, d.stateConn, stateWrite{}, a, out); err != nil {
+		if err := li.finishMessageAction(ctx, stateWrite{}, a, out); err != nil {
 			return err
 		}
 		return li.endSavepoint(ctx, releaseSavepointSQL)
 	default:
 		w := stateWrite{id: stored.id, from: stored.state, to: stateFailed, dropClaim: true}
 		out := failed("delivery failed: %v; the message is FAILED without claim and goes to the dead-letter topic, so that a resend can retry it", d.listenerErr)
-		if err := finishMessageActionInNewTx(ctx, d.stateConn, w, a, out); err != nil {
+		if err := li.finishMessageAction(ctx, w, a, out); err != nil {
 			return err
 		}
 		li.failures = append(li.failures, Failure{Message: d.stored.msg, Origin: d.stored.msg.Record.Origin, Err: d.listenerErr})
@@ -457,7 +471,7 @@ func (li *lockedInstance) endSavepoint(ctx context.Context, sql string) error {
 	if _, err := li.conn.Exec(ctx, sql); err != nil {
 		return fmt.Errorf("%s: %w", sql, err)
 	}
-	li.idleSince = time.Now()
+	li.lease.answered()
 	return nil
 }
 
@@ -469,12 +483,14 @@ type stateWrite struct {
 	dropClaim bool
 }
 
-// finishMessageActionInNewTx writes the action's state change and clears the action, in one
+// finishMessageAction writes the action's state change and clears the action, in one
 // transaction on the state connection, which commits before the action transaction (and its
-// claim). A row no longer in the expected state fails the whole action run: nothing is written,
-// the action stays pending, and the next run sees the new state.
-func finishMessageActionInNewTx(ctx context.Context, conn *pgxpool.Conn, w stateWrite, a pendingMessageAction, out actionOutcome) error {
-	return pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+// claim), within the lock's lease. A row no longer in the expected state fails the whole action
+// run: nothing is written, the action stays pending, and the next run sees the new state.
+func (li *lockedInstance) finishMessageAction(ctx context.Context, w stateWrite, a pendingMessageAction, out actionOutcome) error {
+	ctx, cancel := li.lease.writeContext(ctx)
+	defer cancel()
+	return pgx.BeginTxFunc(ctx, li.stateConn, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if w.id != 0 {
 			tag, err := tx.Exec(ctx, expectStateSQL, w.id, w.from, w.to)
 			if err != nil {
@@ -516,10 +532,6 @@ func (li *lockedInstance) runInstanceAction(ctx context.Context, a InstanceActio
 		out = executed("%d buffered message(s) delivered, %d failed (dead-lettered, retryable by a resend)",
 			len(st.waiting)-(len(li.failures)-failuresBefore), len(li.failures)-failuresBefore)
 	case ActionClose:
-		stateConn, err := li.acquireStateConn(ctx)
-		if err != nil {
-			return err
-		}
 		n := 0
 		for _, w := range st.waiting {
 			s, err := li.load(ctx, w.id)
@@ -527,7 +539,7 @@ func (li *lockedInstance) runInstanceAction(ctx context.Context, a InstanceActio
 				return err
 			}
 			var failed int
-			if err := stateConn.QueryRow(ctx, markReleaseFailedSQL, w.id, stateWaiting).Scan(&failed); err != nil {
+			if err := li.stateConn.QueryRow(ctx, markReleaseFailedSQL, w.id, stateWaiting).Scan(&failed); err != nil {
 				return fmt.Errorf("fail message %d: %w", w.id, err)
 			}
 			if failed == 1 {
@@ -549,6 +561,6 @@ func (li *lockedInstance) runInstanceAction(ctx context.Context, a InstanceActio
 	if err := li.conn.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("clear instance action: %w", err)
 	}
-	li.idleSince = time.Now()
+	li.lease.answered()
 	return nil
 }

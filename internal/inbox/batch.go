@@ -17,15 +17,16 @@ import (
 
 // A batch is several sequenced records processed as Process would process them one after the
 // other, under one claim transaction T1: one claim statement for all of them as T1's first
-// statement, the listener called for each in order while T1 holds the claims, the states of the
-// batch in one transaction committed before T1, one T1 commit. Two commits, one of them flushed,
+// statement, the listener called for each in order while T1 holds the claims (each call after
+// the first proves T1 alive, lease.go), the states of the batch in one transaction committed
+// before T1, one T1 commit. Two commits, one of them flushed,
 // serve the whole batch instead of two per record (see docs/performance.md).
 
 // claimBatchSQL is a batch's T1 first statement (SPEC §3.4, §9): one claim per record, inserted
 // in the order of the arrays, which the engine sorts by (message type, idempotence ID). Every
 // batch takes its claims in that one order, so two batches never wait for each other in a cycle.
 // Against an in-flight claim it waits inside PostgreSQL like a single claim; RETURNING names the
-// claims won and sets T1's lease for the batch.
+// claims won and sets T1's lease, as long as a single record's: it restarts before every call.
 const claimBatchSQL = `INSERT INTO sequential_inbox_idempotence (message_type, idempotence_id, sequence_instance_id, created_at)
 SELECT c.message_type, c.idempotence_id, c.sequence_instance_id, now()
 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS c(message_type, idempotence_id, sequence_instance_id)
@@ -96,30 +97,36 @@ func (e *Engine) Batchable(rec Record) bool {
 //
 // On success the results cover a prefix of recs, at least one record: the batch ends before a
 // record whose claim key repeats an earlier one (so that a copy behaves as it would after its
-// original), and before a listener call that would not fit in the batch's lease or the caller's
-// deadline. The caller passes the rest again. After an error no record of the batch may have its
-// offset committed; the results then still carry the buffered messages whose release failed,
-// which are FAILED already.
+// original), and before a listener call that would not start within one ListenerDeadline of the
+// claims or not end before the caller's deadline. The caller passes the rest again. After an
+// error no record of the batch may have its offset committed, and the caller processes them
+// again, on their own: a batch that lost T1 (errLeaseLost) stores what its listener calls did and
+// stops. The results then still carry the buffered messages whose release failed, which are
+// FAILED already.
 func (e *Engine) ProcessBatch(ctx context.Context, recs []Record) ([]Result, error) {
 	return e.processBatchUnderProtocol(ctx, recs)
 }
 
 // processBatchInOneClaimTx is ProcessBatch under this build's claim protocol.
 func (e *Engine) processBatchInOneClaimTx(ctx context.Context, recs []Record) ([]Result, error) {
-	items, err := e.batchItems(recs)
+	checked, err := e.batchItems(recs)
 	if err != nil {
 		return nil, err
 	}
-	conn, err := e.pool.Acquire(ctx)
+	conn, stateConn, err := e.acquirePair(ctx, e.pool)
 	if err != nil {
-		return nil, fmt.Errorf("claim batch: acquire connection: %w", err)
+		return nil, fmt.Errorf("claim batch: %w", err)
 	}
 	defer conn.Release()
+	defer stateConn.Release()
 	for attempt := 1; ; attempt++ {
+		// Each attempt starts from a clean slate: what a rolled-back attempt learnt and decided
+		// does not hold any more.
+		items := freshItems(checked)
 		if err := e.getOrCreateInstances(ctx, conn, items); err != nil {
 			return nil, err
 		}
-		b := &batchRun{e: e, conn: conn, items: items, recording: e.recording()}
+		b := &batchRun{e: e, conn: conn, stateConn: stateConn, items: items, recording: e.recording()}
 		err = b.claimAndProcess(ctx)
 		var pgErr *pgconn.PgError
 		retry := errors.Is(err, errInstanceGone) || (errors.As(err, &pgErr) && pgErr.Code == deadlockDetected)
@@ -148,6 +155,15 @@ type batchItem struct {
 	existing   storedMessage
 	// write is the state to store for a message the listener was called for ("" for none).
 	write string
+}
+
+// freshItems copies the records of checked items, without what an attempt learnt about them.
+func freshItems(checked []*batchItem) []*batchItem {
+	items := make([]*batchItem, len(checked))
+	for i, it := range checked {
+		items[i] = &batchItem{msg: it.msg, mt: it.mt}
+	}
+	return items
 }
 
 // batchItems checks the records and cuts the batch before the first repeated claim key.
@@ -183,17 +199,15 @@ type batchRun struct {
 	// states are the instance states read in T1's first round trip, updated in memory by the
 	// batch's own deliveries; after are the ones read after T1's commit.
 	states, after map[int64]instanceState
-	// idleSince is when T1 went idle after the claim; the batch's lease runs from here.
-	idleSince time.Time
+	// lease is T1 from the claim statement's answer on; claimedAt is when that came.
+	lease     *lease
+	claimedAt time.Time
+	// stateConn serves the state transaction and, after T1, T2's state writes.
 	stateConn *pgxpool.Conn
 	results   []Result
 	// recording is the engine's recording mode when the batch began (SPEC §5).
 	recording bool
 }
-
-// batchLease is T1's idle timeout for a batch: a listener call starts within one listener
-// deadline of the claim and lasts at most another, then the margin covers the state write.
-func (e *Engine) batchLease() time.Duration { return 2*e.cfg.ListenerDeadline + e.cfg.LeaseMargin }
 
 // claimAndProcess is the batch's T1: claim all, deliver or buffer in order, store the states,
 // commit. It ends T1 on every path.
@@ -202,20 +216,22 @@ func (b *batchRun) claimAndProcess(ctx context.Context) error {
 		endQuietly(b.conn, rollbackSQL)
 		return err
 	}
-	defer func() {
-		if b.stateConn != nil {
-			b.stateConn.Release()
-		}
-	}()
 	abandoned := b.deliverInOrder(ctx)
 	if err := b.storeStates(ctx); err != nil {
 		endQuietly(b.conn, rollbackSQL)
-		return err
+		return errors.Join(abandoned, err)
+	}
+	if errors.Is(abandoned, errLeaseLost) {
+		// T1 and its claims are gone; what the listener calls did is stored. The records are
+		// processed again on their own, which finds the delivered ones processed.
+		endQuietly(b.conn, rollbackSQL)
+		return abandoned
 	}
 	if err := b.buffer(ctx); err != nil {
 		endQuietly(b.conn, rollbackSQL)
 		return err
 	}
+	b.lease.answered()
 	if err := b.commit(ctx); err != nil {
 		return err
 	}
@@ -245,7 +261,7 @@ func (b *batchRun) claim(ctx context.Context) error {
 	}
 	q := &pgx.Batch{}
 	q.Queue(beginReadCommittedSQL)
-	q.Queue(claimBatchSQL, types, ids, instances, millis(b.e.batchLease()))
+	q.Queue(claimBatchSQL, types, ids, instances, millis(b.e.claimLease))
 	q.Queue(lookupMessagesSQL, types, ids)
 	evaluated := b.instancesToEvaluate()
 	queueInstanceStates(q, evaluated)
@@ -261,7 +277,9 @@ func (b *batchRun) claim(ctx context.Context) error {
 		}
 		return fmt.Errorf("claim batch of %d: %w", len(b.items), err)
 	}
-	b.idleSince = time.Now()
+	b.lease = &lease{conn: b.conn, length: b.e.claimLease}
+	b.lease.answered()
+	b.claimedAt = b.lease.answeredAt
 	return nil
 }
 
@@ -351,10 +369,10 @@ func distinctInstances(items []*batchItem) []int64 {
 }
 
 // deliverInOrder decides about each record in order, as claimAndProcess does for one, and calls
-// the listener for those to deliver. A delivered message counts as PROCESSED for the records
-// after it. It stops before a listener call that would not fit in the lease or in ctx's
-// deadline, and when ctx ends during a listener call; the latter is returned, and the batch ends
-// before that record.
+// the listener for those to deliver (callUnderLease). A delivered message counts as PROCESSED for
+// the records after it. It stops before a listener call that would not fit (fits), before one
+// for which T1 did not prove alive (errLeaseLost, returned), and when ctx ends during a listener
+// call (returned); the batch ends before that record.
 func (b *batchRun) deliverInOrder(ctx context.Context) error {
 	for i, it := range b.items {
 		b.done = i
@@ -368,12 +386,10 @@ func (b *batchRun) deliverInOrder(ctx context.Context) error {
 			if i > 0 && !b.fits(ctx) {
 				return nil
 			}
-			if err := b.acquireStateConn(ctx); err != nil {
-				return err
+			listenerErr, err := b.e.callUnderLease(ctx, b.lease, it.msg)
+			if err != nil {
+				return fmt.Errorf("claim batch: %w", err)
 			}
-			lctx, cancel := context.WithTimeout(ctx, b.e.cfg.ListenerDeadline)
-			listenerErr := b.e.invokeListener(lctx, it.msg)
-			cancel()
 			if listenerErr != nil && ctx.Err() != nil {
 				// The caller abandoned the batch: not the listener's failure.
 				return fmt.Errorf("claim batch: %s/%s: %w", it.msg.QualifiedType, it.msg.Record.IdempotenceID, ctx.Err())
@@ -392,34 +408,20 @@ func (b *batchRun) deliverInOrder(ctx context.Context) error {
 	return nil
 }
 
-// fits reports whether one more listener call, with its whole deadline, fits in the batch's
-// lease and before ctx's deadline. The state write and the commit after it ignore ctx's end
-// (the outcomes are known), as a single record's do.
+// fits reports whether one more listener call starts within one ListenerDeadline of the claims
+// and, with its whole deadline, ends before ctx's deadline. The first bound keeps the claims of
+// the batch's later records, and the duplicates waiting for them, held for at most about two
+// deadlines; the lease restarts before every call (callUnderLease) and needs no bound here. The
+// state write and the commit after the calls ignore ctx's end (the outcomes are known), as a
+// single record's do.
 func (b *batchRun) fits(ctx context.Context) bool {
-	end := time.Now().Add(b.e.cfg.ListenerDeadline)
-	if end.After(b.idleSince.Add(2 * b.e.cfg.ListenerDeadline)) {
+	now := time.Now()
+	if now.After(b.claimedAt.Add(b.e.cfg.ListenerDeadline)) {
 		return false
 	}
 	deadline, ok := ctx.Deadline()
-	return !ok || !end.After(deadline)
+	return !ok || !now.Add(b.e.cfg.ListenerDeadline).After(deadline)
 }
-
-// acquireStateConn takes the connection of the state transaction before the first listener
-// call, so that no pool wait lies between a listener's success and the state commit.
-func (b *batchRun) acquireStateConn(ctx context.Context) error {
-	if b.stateConn != nil {
-		return nil
-	}
-	c, err := b.e.acquire(ctx, b.e.pool)
-	if err != nil {
-		return fmt.Errorf("claim batch: acquire state connection: %w", err)
-	}
-	b.stateConn = c
-	return nil
-}
-
-// leaseEnd is when the batch's claims expire on the server.
-func (b *batchRun) leaseEnd() time.Time { return b.idleSince.Add(b.e.batchLease()) }
 
 // storeStates writes the states of the messages the listener was called for in one transaction
 // that commits before T1 (storeBatchStatesInNewTx). Like a single message's state it ignores the
@@ -435,7 +437,7 @@ func (b *batchRun) storeStates(ctx context.Context) error {
 	if len(writes) == 0 {
 		return nil
 	}
-	wctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), b.leaseEnd())
+	wctx, cancel := b.lease.writeContext(ctx)
 	defer cancel()
 	complete, err := storeBatchStatesInNewTx(wctx, b.stateConn, writes)
 	for backoff := stateWriteBackoff; err != nil && retryableStateWrite(err); backoff *= 2 {
@@ -637,7 +639,7 @@ func (b *batchRun) buffer(ctx context.Context) error {
 // commits T1 and reads the instances of the batch after the commit, in one round trip. Like the
 // state write it ignores the caller's cancellation while the lease holds.
 func (b *batchRun) commit(ctx context.Context) error {
-	cctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), b.leaseEnd())
+	cctx, cancel := b.lease.writeContext(ctx)
 	defer cancel()
 	var types, ids []string
 	for i, it := range b.items {
@@ -696,7 +698,7 @@ func (b *batchRun) releaseAfterCommit(ctx context.Context) error {
 			continue
 		}
 		b.e.metrics.releases.WithLabelValues(releaseRun).Inc()
-		released, failures, err := b.e.releaseUnderInstanceLock(ctx, b.conn, it.instanceID, it.mt.Sequence)
+		released, failures, err := b.e.releaseUnderInstanceLock(ctx, b.conn, b.stateConn, it.instanceID, it.mt.Sequence)
 		b.results[i].Released, b.results[i].ReleaseFailures = released, failures
 		if err != nil {
 			return err

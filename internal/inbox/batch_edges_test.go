@@ -210,13 +210,13 @@ func TestBatchWithACachedInstanceThatHousekeepingDeletedRecreatesIt(t *testing.T
 
 // TestBatchStartsAListenerCallOnlyWhileItsDeadlineFits proves both cuts of a batch (fits): a
 // listener call starts only while its whole ListenerDeadline fits before the caller's deadline,
-// and into the batch's lease (a start within one ListenerDeadline of the claim). The batch then
+// and within one ListenerDeadline of the batch's claims. The batch then
 // returns a strict prefix without error; the records after it have neither claim nor stored
 // state, and a second call with the rest delivers them; no record is delivered twice.
 //
 // Each case's 8 calls of 100ms fit only the other bound: the caller's case fails when fits
-// ignores ctx's deadline, the lease case when it ignores the lease (then all 8 are delivered in
-// the first call); both fail when the records the batch did not get to keep their claims (the
+// ignores ctx's deadline, the claims' case when it ignores the time since the claims (then all 8
+// are delivered in the first call); both fail when the records the batch did not get to keep their claims (the
 // second call finds them duplicates).
 func TestBatchStartsAListenerCallOnlyWhileItsDeadlineFits(t *testing.T) {
 	const records, call = 8, 100 * time.Millisecond
@@ -226,10 +226,10 @@ func TestBatchStartsAListenerCallOnlyWhileItsDeadlineFits(t *testing.T) {
 		// callerTimeout is the caller's context's timeout; zero for none.
 		callerTimeout time.Duration
 	}{
-		// Calls may start for 300ms; the lease would take them for 5s.
+		// Calls may start for 300ms; the time since the claims would allow 5s.
 		{name: "caller's deadline", deadline: 5 * time.Second, callerTimeout: 5*time.Second + 3*call},
 		// Calls may start for 300ms after the claim; there is no caller's deadline.
-		{name: "batch's lease", deadline: 3 * call},
+		{name: "time since the claims", deadline: 3 * call},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, chainSet(), func(s *harnessSettings) { s.ListenerDeadline = tc.deadline })

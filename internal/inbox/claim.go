@@ -98,14 +98,14 @@ type claim struct {
 	won      bool
 	existing storedMessage
 	state    instanceState
-	// idleSince is when T1 went idle after its last statement: its lease runs from here.
-	idleSince time.Time
+	// lease is T1, holding the claim from the claim statement's answer on.
+	lease *lease
 }
 
 // claimAndProcess is T1 (SPEC §3.4): claim the message, then skip, buffer or deliver it while the
 // claim is held. It returns the instance state read after the outcome was committed, which
 // decides whether T2 is needed.
-func (e *Engine) claimAndProcess(ctx context.Context, conn *pgxpool.Conn, instanceID int64, mt *sequence.MessageType, msg Message) (Result, instanceState, error) {
+func (e *Engine) claimAndProcess(ctx context.Context, conn, stateConn *pgxpool.Conn, instanceID int64, mt *sequence.MessageType, msg Message) (Result, instanceState, error) {
 	// The processed types matter only for a condition to evaluate.
 	evaluate := mt.Condition != nil && !e.recording()
 	c, err := e.claim(ctx, conn, instanceID, msg, evaluate)
@@ -133,7 +133,7 @@ func (e *Engine) claimAndProcess(ctx context.Context, conn *pgxpool.Conn, instan
 		err = bufferUnderClaim(ctx, conn, instanceID, c.existing, msg)
 	default:
 		e.metrics.claims.WithLabelValues(claimWon).Inc()
-		res, end, err = e.deliverUnderClaim(ctx, instanceID, c, msg)
+		res, end, err = e.deliverUnderClaim(ctx, stateConn, instanceID, c, msg)
 	}
 	if err != nil {
 		endQuietly(conn, rollbackSQL)
@@ -173,7 +173,8 @@ func (e *Engine) claim(ctx context.Context, conn *pgxpool.Conn, instanceID int64
 		}
 		return claim{}, fmt.Errorf("claim %s/%s: %w", typ, id, err)
 	}
-	c.idleSince = time.Now()
+	c.lease = &lease{conn: conn, length: e.claimLease}
+	c.lease.answered()
 	return c, nil
 }
 
@@ -203,22 +204,15 @@ func readClaim(br pgx.BatchResults, needState bool) (claim, error) {
 	return c, nil
 }
 
-// deliverUnderClaim invokes the listener while T1 holds the claim idle, then stores the resulting
-// state in a separate transaction that commits before T1 (SPEC §3.4). It says how T1 must end.
-func (e *Engine) deliverUnderClaim(ctx context.Context, instanceID int64, c claim, msg Message) (Result, string, error) {
+// deliverUnderClaim invokes the listener while T1 holds the claim idle (callUnderLease), then
+// stores the resulting state on stateConn in a separate transaction that commits before T1
+// (SPEC §3.4). It says how T1 must end.
+func (e *Engine) deliverUnderClaim(ctx context.Context, stateConn *pgxpool.Conn, instanceID int64, c claim, msg Message) (Result, string, error) {
 	key := msg.QualifiedType + "/" + msg.Record.IdempotenceID
-	// The listener must be done before T1's lease ends; the margin is left for the state write.
-	lctx, cancel := context.WithDeadline(ctx, c.idleSince.Add(e.cfg.ListenerDeadline))
-	defer cancel()
-	// The state connection is taken before the listener runs, so that no pool wait lies between
-	// the listener's success and the state commit.
-	stateConn, err := e.pool.Acquire(lctx)
+	listenerErr, err := e.callUnderLease(ctx, c.lease, msg)
 	if err != nil {
-		return Result{}, rollbackSQL, fmt.Errorf("claim %s: acquire state connection: %w", key, err)
+		return Result{}, rollbackSQL, fmt.Errorf("claim %s: %w", key, err)
 	}
-	defer stateConn.Release()
-
-	listenerErr := e.invokeListener(lctx, msg)
 	if listenerErr != nil && ctx.Err() != nil {
 		// The caller abandoned the record (shutdown, revocation): not the listener's failure.
 		return Result{}, rollbackSQL, fmt.Errorf("claim %s: %w", key, ctx.Err())
@@ -227,7 +221,7 @@ func (e *Engine) deliverUnderClaim(ctx context.Context, instanceID int64, c clai
 	if listenerErr != nil {
 		state, end = stateFailed, rollbackSQL
 	}
-	stored, err := e.storeStateUnderLease(ctx, stateConn, c.idleSince.Add(e.claimLease), instanceID, c.existing, state, msg)
+	stored, err := e.storeStateUnderLease(ctx, stateConn, c.lease, instanceID, c.existing, state, msg)
 	if err != nil {
 		return Result{}, rollbackSQL, fmt.Errorf("claim %s: store %s: %w", key, state, err)
 	}
@@ -300,11 +294,11 @@ const stateWriteBackoff = 50 * time.Millisecond
 // storeStateUnderLease writes the state after the listener returned. An outcome the listener
 // reported is known and must not be thrown away: the write ignores the cancellation of the
 // record (revocation, shutdown) and, when its connection fails, is tried again on a new one
-// while T1's lease (leaseEnd) holds the claim. The sink then sees a second call only when the
+// while T1's lease holds the claim (lease.writeContext). The sink then sees a second call only when the
 // outcome could not be recorded at all. As the claim is held, a retry that finds the message
 // already in the wanted state finds the write of an attempt whose answer was lost.
-func (e *Engine) storeStateUnderLease(ctx context.Context, conn *pgxpool.Conn, leaseEnd time.Time, instanceID int64, existing storedMessage, state string, msg Message) (bool, error) {
-	wctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), leaseEnd)
+func (e *Engine) storeStateUnderLease(ctx context.Context, conn *pgxpool.Conn, l *lease, instanceID int64, existing storedMessage, state string, msg Message) (bool, error) {
+	wctx, cancel := l.writeContext(ctx)
 	defer cancel()
 	stored, err := storeStateInNewTx(wctx, conn, instanceID, existing, state, msg)
 	for backoff := stateWriteBackoff; err != nil && retryableStateWrite(err); backoff *= 2 {

@@ -153,7 +153,7 @@ type Failure struct {
 }
 
 // Engine is the claim engine of one inbox. It is safe for concurrent use; each concurrent
-// Process call holds up to two pool connections.
+// Process or ProcessBatch call holds two pool connections.
 type Engine struct {
 	// pool serves the records (T1, T2, state writes), maint the maintenance (Config.Maintenance).
 	pool, maint *pgxpool.Pool
@@ -251,11 +251,12 @@ func (e *Engine) Process(ctx context.Context, rec Record) (Result, error) {
 		return Result{}, fmt.Errorf("process %s in %s/%s: %w", qualified, mt.Sequence.Name, rec.ContextID, ErrNoIdempotenceID)
 	}
 
-	conn, err := e.pool.Acquire(ctx)
+	conn, stateConn, err := e.acquirePair(ctx, e.pool)
 	if err != nil {
-		return Result{}, fmt.Errorf("claim %s/%s: acquire connection: %w", qualified, rec.IdempotenceID, err)
+		return Result{}, fmt.Errorf("claim %s/%s: %w", qualified, rec.IdempotenceID, err)
 	}
 	defer conn.Release()
+	defer stateConn.Release()
 
 	var (
 		res   Result
@@ -266,7 +267,7 @@ func (e *Engine) Process(ctx context.Context, rec Record) (Result, error) {
 		if err != nil {
 			return Result{}, err
 		}
-		res, after, err = e.processUnderProtocol(ctx, conn, instanceID, mt, msg)
+		res, after, err = e.processUnderProtocol(ctx, conn, stateConn, instanceID, mt, msg)
 		if errors.Is(err, errInstanceGone) && attempt < maxInstanceAttempts {
 			e.instances.evict(instanceKey{mt.Sequence.Name, rec.ContextID})
 			continue
@@ -279,7 +280,7 @@ func (e *Engine) Process(ctx context.Context, rec Record) (Result, error) {
 			return res, nil
 		}
 		e.metrics.releases.WithLabelValues(releaseRun).Inc()
-		res.Released, res.ReleaseFailures, err = e.releaseUnderInstanceLock(ctx, conn, instanceID, mt.Sequence)
+		res.Released, res.ReleaseFailures, err = e.releaseUnderInstanceLock(ctx, conn, stateConn, instanceID, mt.Sequence)
 		return res, err
 	}
 }
@@ -298,6 +299,20 @@ func (e *Engine) deliverUnsequenced(ctx context.Context, msg Message) (Result, e
 	default:
 		return Result{Outcome: Bypassed}, nil
 	}
+}
+
+// acquirePair takes the two connections of a holding transaction (lease.go) and of the state
+// writes that commit before it. Both are taken before the transaction begins, so that no wait
+// for a connection lies between its claims or lock and a listener call.
+func (e *Engine) acquirePair(ctx context.Context, pool *pgxpool.Pool) (conn, stateConn *pgxpool.Conn, err error) {
+	if conn, err = pool.Acquire(ctx); err != nil {
+		return nil, nil, fmt.Errorf("acquire connection: %w", err)
+	}
+	if stateConn, err = pool.Acquire(ctx); err != nil {
+		conn.Release()
+		return nil, nil, fmt.Errorf("acquire state connection: %w", err)
+	}
+	return conn, stateConn, nil
 }
 
 // acquire takes a connection from pool within the acquire timeout.

@@ -38,7 +38,7 @@ func (e *Engine) processBatchUnderProtocol(ctx context.Context, recs []Record) (
 // processUnderProtocol is check-then-insert: look the message up, deliver or buffer it when no
 // row exists, then store its state. Nothing is held between the check and the insert, so
 // concurrent duplicates are all delivered.
-func (e *Engine) processUnderProtocol(ctx context.Context, conn *pgxpool.Conn, instanceID int64, mt *sequence.MessageType, msg Message) (Result, instanceState, error) {
+func (e *Engine) processUnderProtocol(ctx context.Context, conn, _ *pgxpool.Conn, instanceID int64, mt *sequence.MessageType, msg Message) (Result, instanceState, error) {
 	typ, id := msg.QualifiedType, msg.Record.IdempotenceID
 	var existing storedMessage
 	err := conn.QueryRow(ctx, lookupMessageSQL, typ, id).Scan(&existing.id, &existing.state)

@@ -61,14 +61,13 @@ const markReleaseFailedSQL = `WITH f AS (
 SELECT count(*) FROM f`
 
 // lockedInstance is an instance row locked FOR NO KEY UPDATE by an open transaction on conn (T2
-// or an action transaction). While it is held, nobody else releases or acts on the instance's
-// messages. Message states are written in separate transactions on stateConn, each committed
-// right after its listener call, so that a lost lock transaction loses no recorded delivery.
+// or an action transaction), a lease (lease.go). While it is held, nobody else releases or acts
+// on the instance's messages. Message states are written in separate transactions on stateConn,
+// taken before the lock, each committed right after its listener call, so that a lost lock
+// transaction loses no recorded delivery.
 type lockedInstance struct {
-	e    *Engine
-	conn *pgxpool.Conn
-	// pool gives stateConn: the records' pool for T2, the maintenance pool for actions.
-	pool      *pgxpool.Pool
+	e         *Engine
+	conn      *pgxpool.Conn
 	stateConn *pgxpool.Conn
 	id        int64
 	name      string
@@ -81,18 +80,18 @@ type lockedInstance struct {
 	closing bool
 	// state is the instance state read last inside the lock transaction.
 	state instanceState
-	// idleSince is when the lock transaction ran its last statement: its lease runs from here.
-	idleSince time.Time
-	released  []Message
-	failures  []Failure
+	// lease is the lock transaction; every statement on conn restarts it.
+	lease    *lease
+	released []Message
+	failures []Failure
 }
 
 // releaseUnderInstanceLock is T2 (SPEC §3.5): lock the instance, release the oldest WAITING
 // message whose condition holds until none is left, close the instance when every type is
 // PROCESSED. It also runs for duplicates, so that a crashed winner's buffered successors are
-// released by the next delivery.
-func (e *Engine) releaseUnderInstanceLock(ctx context.Context, conn *pgxpool.Conn, instanceID int64, seq *sequence.Sequence) ([]Message, []Failure, error) {
-	li, err := e.lockInstance(ctx, conn, e.pool, instanceID, lockInstanceSQL)
+// released by the next delivery. stateConn is for the state writes (lockedInstance).
+func (e *Engine) releaseUnderInstanceLock(ctx context.Context, conn, stateConn *pgxpool.Conn, instanceID int64, seq *sequence.Sequence) ([]Message, []Failure, error) {
+	li, err := e.lockInstance(ctx, conn, stateConn, instanceID, lockInstanceSQL)
 	if err != nil {
 		endQuietly(conn, rollbackSQL)
 		return nil, nil, fmt.Errorf("release instance %d: %w", instanceID, err)
@@ -101,7 +100,6 @@ func (e *Engine) releaseUnderInstanceLock(ctx context.Context, conn *pgxpool.Con
 		endQuietly(conn, rollbackSQL)
 		return nil, nil, nil
 	}
-	defer li.releaseStateConn()
 	if err := li.releaseReady(ctx, seq); err != nil {
 		endQuietly(conn, rollbackSQL)
 		return li.released, li.failures, fmt.Errorf("release instance %d: %w", instanceID, err)
@@ -115,8 +113,8 @@ func (e *Engine) releaseUnderInstanceLock(ctx context.Context, conn *pgxpool.Con
 // lockInstance begins a transaction with the lock lease, locks the instance row and reads its
 // state, in one round trip. It returns nil when the row is gone (or skipped as locked); the
 // transaction is then still open.
-func (e *Engine) lockInstance(ctx context.Context, conn *pgxpool.Conn, pool *pgxpool.Pool, instanceID int64, lockSQL string) (*lockedInstance, error) {
-	li := &lockedInstance{e: e, conn: conn, pool: pool, id: instanceID}
+func (e *Engine) lockInstance(ctx context.Context, conn, stateConn *pgxpool.Conn, instanceID int64, lockSQL string) (*lockedInstance, error) {
+	li := &lockedInstance{e: e, conn: conn, stateConn: stateConn, id: instanceID, lease: &lease{conn: conn, length: e.lockLease}}
 	b := &pgx.Batch{}
 	b.Queue(beginReadCommittedSQL)
 	b.Queue(setIdleTimeoutSQL, millis(e.lockLease))
@@ -149,7 +147,7 @@ func (e *Engine) lockInstance(ctx context.Context, conn *pgxpool.Conn, pool *pgx
 	if err != nil || !found {
 		return nil, err
 	}
-	li.idleSince = time.Now()
+	li.lease.answered()
 	return li, nil
 }
 
@@ -159,7 +157,8 @@ func (li *lockedInstance) readState(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read state: %w", err)
 	}
-	li.state, li.idleSince = st, time.Now()
+	li.state = st
+	li.lease.answered()
 	return nil
 }
 
@@ -220,7 +219,7 @@ func (li *lockedInstance) load(ctx context.Context, messageID int64) (storedReco
 	if err != nil {
 		return s, fmt.Errorf("load message %d: %w", messageID, err)
 	}
-	li.idleSince = time.Now()
+	li.lease.answered()
 	if r.Headers, err = decodeHeaders(headers); err != nil {
 		return s, fmt.Errorf("load message %d: %w", messageID, err)
 	}
@@ -232,21 +231,23 @@ func (li *lockedInstance) load(ctx context.Context, messageID int64) (storedReco
 
 // deliverStored hands a WAITING message's raw record to the listener and records the outcome in
 // a separate transaction: PROCESSED, or FAILED with its claim deleted (reported in failures).
-// Both writes happen only when the row is still WAITING.
+// Both writes happen only when the row is still WAITING, and within the lock's lease.
 func (li *lockedInstance) deliverStored(ctx context.Context, messageID int64) error {
 	d, err := li.deliverRecord(ctx, messageID)
 	if err != nil {
 		return err
 	}
-	s, stateConn, listenerErr := d.stored, d.stateConn, d.listenerErr
+	s, listenerErr := d.stored, d.listenerErr
+	wctx, cancel := li.lease.writeContext(ctx)
+	defer cancel()
 	var n int
 	if listenerErr != nil {
-		if err := stateConn.QueryRow(ctx, markReleaseFailedSQL, messageID, stateWaiting).Scan(&n); err != nil {
+		if err := li.stateConn.QueryRow(wctx, markReleaseFailedSQL, messageID, stateWaiting).Scan(&n); err != nil {
 			return fmt.Errorf("mark message %d failed: %w", messageID, err)
 		}
 		li.failures = append(li.failures, Failure{Message: s.msg, Origin: s.msg.Record.Origin, Err: listenerErr})
 	} else {
-		tag, err := stateConn.Exec(ctx, markReleasedSQL, messageID, stateWaiting)
+		tag, err := li.stateConn.Exec(wctx, markReleasedSQL, messageID, stateWaiting)
 		if err != nil {
 			return fmt.Errorf("mark message %d processed: %w", messageID, err)
 		}
@@ -265,56 +266,30 @@ func (li *lockedInstance) deliverStored(ctx context.Context, messageID int64) er
 // written before records were kept for every state).
 var errNoStoredRecord = errors.New("no stored record to deliver")
 
-// delivery is what deliverRecord did: the loaded message, the state connection for the outcome's
-// write (acquired before the listener runs, so that no pool wait lies between the listener's
-// success and the state commit) and the listener's error.
+// delivery is what deliverRecord did: the loaded message and the listener's error.
 type delivery struct {
 	stored      storedRecord
-	stateConn   *pgxpool.Conn
 	listenerErr error
 }
 
-// deliverRecord loads a stored message and hands its raw record to the listener within the
-// listener deadline. Its error is for everything but the listener's failure.
+// deliverRecord loads a stored message and hands its raw record to the listener under the lock's
+// lease (callUnderLease: the load is the answer the call follows). Its error is for everything
+// but the listener's failure.
 func (li *lockedInstance) deliverRecord(ctx context.Context, messageID int64) (delivery, error) {
 	s, err := li.load(ctx, messageID)
 	if err != nil {
 		return delivery{}, err
 	}
-	lctx, cancel := context.WithDeadline(ctx, li.idleSince.Add(li.e.cfg.ListenerDeadline))
-	defer cancel()
-	stateConn, err := li.acquireStateConn(lctx)
-	if err != nil {
-		return delivery{}, err
-	}
 	listenerErr := errNoStoredRecord
 	if s.hasRecord {
-		listenerErr = li.e.invokeListener(lctx, s.msg)
+		if listenerErr, err = li.e.callUnderLease(ctx, li.lease, s.msg); err != nil {
+			return delivery{}, err
+		}
 	}
 	if ctx.Err() != nil {
 		return delivery{}, ctx.Err()
 	}
-	return delivery{stored: s, stateConn: stateConn, listenerErr: listenerErr}, nil
-}
-
-// acquireStateConn returns the connection for state transactions, acquiring it on first use
-// within the engine's acquire timeout.
-func (li *lockedInstance) acquireStateConn(ctx context.Context) (*pgxpool.Conn, error) {
-	if li.stateConn == nil {
-		c, err := li.e.acquire(ctx, li.pool)
-		if err != nil {
-			return nil, fmt.Errorf("acquire state connection: %w", err)
-		}
-		li.stateConn = c
-	}
-	return li.stateConn, nil
-}
-
-func (li *lockedInstance) releaseStateConn() {
-	if li.stateConn != nil {
-		li.stateConn.Release()
-		li.stateConn = nil
-	}
+	return delivery{stored: s, listenerErr: listenerErr}, nil
 }
 
 // commit ends the lock transaction, closing the instance in the same round trip if marked.

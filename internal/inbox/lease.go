@@ -1,0 +1,92 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// A lease is a transaction that holds what lets a listener call run alone: the claims of T1, or
+// the release lock of an instance (T2, an action run). The server ends it once it has been idle
+// for its length (idle_in_transaction_session_timeout, set inside it), and with it what it holds.
+// Every listener call for a claimed or locked message goes through Engine.callUnderLease, which
+// keeps one rule for every path (single record, batch, release, actions):
+//
+//   - The call follows an answer of the holding transaction with no wait and no other listener
+//     call in between, so the transaction lived when the call began. No connection is waited
+//     for inside a lease: the state connection is taken before the transaction begins. A call
+//     after another one, with no statement of the transaction since, is preceded by proveSQL.
+//   - The call's deadline is ListenerDeadline after that answer; the lease is at least
+//     ListenerDeadline plus LeaseMargin long and restarts with every answer, so the server
+//     cannot end the transaction while the call runs. The margin is left for the state write,
+//     which ends with the lease (writeContext).
+//
+// What stays exposed is the call in flight when the connection is lost: the server rolls the
+// transaction back at once, and a waiting duplicate may take over before that call returns.
+
+// proveSQL proves a holding transaction alive before a listener call that does not follow one
+// of its answers; as a statement of the transaction it also restarts its idle time.
+const proveSQL = `SELECT 1`
+
+// errLeaseLost reports a holding transaction that did not answer before a listener call: its
+// connection or its server session is gone, and with it what it held. No call was made.
+var errLeaseLost = errors.New("the transaction holding the claims or lock is gone")
+
+// lease is a holding transaction on conn, idle for at most length after each answer.
+type lease struct {
+	conn   *pgxpool.Conn
+	length time.Duration
+	// answeredAt is when the transaction last answered a statement: it lived then, and its idle
+	// time began no later (the margin covers the way of the answer back).
+	answeredAt time.Time
+	// called is set by a listener call after the last answer.
+	called bool
+}
+
+// answered records an answer of the holding transaction; every statement on conn ends with it.
+func (l *lease) answered() {
+	l.answeredAt, l.called = time.Now(), false
+}
+
+// end is when the server ends the transaction if it stays idle from its last answer on.
+func (l *lease) end() time.Time { return l.answeredAt.Add(l.length) }
+
+// writeContext bounds a state write that follows a listener call by the lease: the outcome is
+// known and must not be thrown away, so the caller's cancellation is ignored, but a write that
+// commits after the lease could record a delivery that someone else has repeated meanwhile.
+func (l *lease) writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithDeadline(context.WithoutCancel(ctx), l.end())
+}
+
+// prove runs proveSQL when a listener was called since the last answer. Its own wait is bounded
+// by the lease: a transaction that does not answer before it ends holds nothing any more.
+func (l *lease) prove(ctx context.Context) error {
+	if !l.called {
+		return nil
+	}
+	pctx, cancel := context.WithDeadline(ctx, l.end())
+	defer cancel()
+	if _, err := l.conn.Exec(pctx, proveSQL); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: %w", errLeaseLost, err)
+	}
+	l.answered()
+	return nil
+}
+
+// callUnderLease calls the listener for a message that l holds, under the rule above. err is not
+// nil when no call was made (errLeaseLost, or ctx ended first); listenerErr is the listener's.
+func (e *Engine) callUnderLease(ctx context.Context, l *lease, msg Message) (listenerErr, err error) {
+	if err := l.prove(ctx); err != nil {
+		return nil, fmt.Errorf("call listener for %s/%s: %w", msg.QualifiedType, msg.Record.IdempotenceID, err)
+	}
+	lctx, cancel := context.WithDeadline(ctx, l.answeredAt.Add(e.cfg.ListenerDeadline))
+	defer cancel()
+	l.called = true
+	return e.invokeListener(lctx, msg), nil
+}
