@@ -25,6 +25,7 @@ const (
 func newConsumeCommand() *cobra.Command {
 	var (
 		file, databaseURL, bootstrap, instanceID string
+		stateAddr, stateCredentials              string
 		serving                                  servingFlags
 		logOpts                                  zap.Options
 	)
@@ -86,7 +87,8 @@ addresses and the pod name as --instance-id.`,
 				InstanceID:  instanceID,
 				HealthAddr:  disabled(serving.healthAddr),
 				MetricsAddr: disabled(serving.metricsAddr),
-				Log:         zap.New(zap.UseFlagOptions(&logOpts)).WithName("consume"),
+				StateAddr:   stateAddr, StateCredentialsDir: stateCredentials,
+				Log: zap.New(zap.UseFlagOptions(&logOpts)).WithName("consume"),
 			})
 			if err != nil {
 				return fmt.Errorf("%s: %w", file, err)
@@ -101,6 +103,10 @@ addresses and the pod name as --instance-id.`,
 	serving.addDeprecatedAliases(cmd.Flags(), consumeMetricsDefault, consumeHealthDefault)
 	cmd.Flags().StringVar(&instanceID, "instance-id", "",
 		"name of this consumer in the consumer registry and the logs, unique per running consumer (default: the host name and a random suffix)")
+	cmd.Flags().StringVar(&stateAddr, "state-bind-address", "",
+		"address of the HTTPS endpoint that serves this consumer's state to the operator; empty disables it (the operator passes it in a pod)")
+	cmd.Flags().StringVar(&stateCredentials, "state-credentials-dir", "",
+		"directory of the operator's credentials (tls.crt, tls.key, token) for --state-bind-address")
 	addLogFlags(cmd, &logOpts)
 	return cmd
 }

@@ -42,6 +42,9 @@ type Config struct {
 	// HealthAddr serves /healthz and /readyz, MetricsAddr serves /metrics; empty serves nothing
 	// (Handler serves all three for in-process use).
 	HealthAddr, MetricsAddr string
+	// StateAddr serves the consumer's State to the operator over HTTPS with the credentials in
+	// StateCredentialsDir (consumerstate.Files); empty serves nothing.
+	StateAddr, StateCredentialsDir string
 	// Fence tunes the registry heartbeat; zero fields take the fence defaults. Its Clock is
 	// replaced by Clock.
 	Fence fence.Config
@@ -132,6 +135,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("spec.kafka.maxPollIntervalMs %d must be positive", c.Inbox.Spec.Kafka.MaxPollIntervalMs)
 	case c.Inbox.Spec.Kafka.MaxBufferedBytes != nil && c.Inbox.Spec.Kafka.MaxBufferedBytes.Value() < minMaxBufferedBytes:
 		return fmt.Errorf("spec.kafka.maxBufferedBytes %s must be at least 1Mi", c.Inbox.Spec.Kafka.MaxBufferedBytes)
+	case c.StateAddr != "" && c.StateCredentialsDir == "":
+		return errors.New("the consumer state address needs the directory of the operator's credentials")
 	case c.MemoryLimit < 0:
 		return fmt.Errorf("memory limit %d must not be negative", c.MemoryLimit)
 	}

@@ -14,6 +14,7 @@ package consumer
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -33,6 +34,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/consumerstate"
 	"github.com/seqinbox/seqinbox/internal/deadletter"
 	"github.com/seqinbox/seqinbox/internal/declaration"
 	"github.com/seqinbox/seqinbox/internal/decode"
@@ -86,6 +88,8 @@ type Consumer struct {
 	blocked       *blockage
 	engineMetrics *inbox.Metrics
 	dlqMetrics    *deadletter.Metrics
+	// deadLetters counts the dead letters of the last hour for State.
+	deadLetters *hourlyCount
 	// build is what this consumer speaks; group is its membership in the Kafka consumer group.
 	build build
 	group *groupMembership
@@ -149,6 +153,7 @@ func New(cfg Config) (*Consumer, error) {
 		blocked:       newBlockage(cfg.Clock),
 		engineMetrics: inbox.NewMetrics(),
 		dlqMetrics:    deadletter.NewMetrics(),
+		deadLetters:   newHourlyCount(cfg.Clock),
 		fenceReason:   "starting: schema check and version fence not done yet",
 		fenceChanged:  make(chan struct{}),
 	}
@@ -362,10 +367,16 @@ func (c *Consumer) serve() (func(), error) {
 	c.healthRoutes(health)
 	metricsMux := http.NewServeMux()
 	metricsMux.Handle("/metrics", promhttp.HandlerFor(c.registry, promhttp.HandlerOpts{}))
+	stateFiles := consumerstate.Files{Dir: c.cfg.StateCredentialsDir}
 	for _, s := range []struct {
 		addr, paths string
 		handler     http.Handler
-	}{{c.cfg.HealthAddr, "/healthz /readyz", health}, {c.cfg.MetricsAddr, "/metrics", metricsMux}} {
+		tls         *tls.Config
+	}{
+		{c.cfg.HealthAddr, "/healthz /readyz", health, nil},
+		{c.cfg.MetricsAddr, "/metrics", metricsMux, nil},
+		{c.cfg.StateAddr, consumerstate.Path + " (HTTPS, the operator's token)", stateFiles.Handler(c.State), stateFiles.TLSConfig()},
+	} {
 		if s.addr == "" {
 			continue
 		}
@@ -377,6 +388,9 @@ func (c *Consumer) serve() (func(), error) {
 		c.log.Info("serving", "endpoints", s.paths, "addr", ln.Addr().String())
 		srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, srv)
+		if s.tls != nil {
+			ln = tls.NewListener(ln, s.tls)
+		}
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				c.log.Error(err, "HTTP server stopped", "addr", ln.Addr().String())

@@ -3,8 +3,6 @@ package consumer
 import (
 	"testing"
 
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
@@ -21,19 +19,10 @@ func lagSeries(t *testing.T, r *running) map[string]float64 {
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			out[labelValue(m, "partition")] = m.GetGauge().GetValue()
+			out[label(m, "partition")] = m.GetGauge().GetValue()
 		}
 	}
 	return out
-}
-
-func labelValue(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
 }
 
 // TestLagIsExportedForEveryAssignedPartition: a partition that never had a record still has a
