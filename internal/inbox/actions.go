@@ -485,11 +485,9 @@ type stateWrite struct {
 
 // finishMessageAction writes the action's state change and clears the action, in one
 // transaction on the state connection, which commits before the action transaction (and its
-// claim), within the lock's lease. A row no longer in the expected state fails the whole action
-// run: nothing is written, the action stays pending, and the next run sees the new state.
+// claim). A row no longer in the expected state fails the whole action run: nothing is written,
+// the action stays pending, and the next run sees the new state.
 func (li *lockedInstance) finishMessageAction(ctx context.Context, w stateWrite, a pendingMessageAction, out actionOutcome) error {
-	ctx, cancel := li.lease.writeContext(ctx)
-	defer cancel()
 	return pgx.BeginTxFunc(ctx, li.stateConn, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if w.id != 0 {
 			tag, err := tx.Exec(ctx, expectStateSQL, w.id, w.from, w.to)

@@ -18,18 +18,15 @@ import (
 //   - The call follows an answer of the holding transaction with no wait and no other listener
 //     call in between, so the transaction lived when the call began. No connection is waited
 //     for inside a lease: the state connection is taken before the transaction begins. A call
-//     after another one, with no statement of the transaction since, is preceded by proveSQL.
+//     after another one, with no statement of the transaction since, is preceded by a ping
+//     (lease.prove).
 //   - The call's deadline is ListenerDeadline after that answer; the lease is at least
 //     ListenerDeadline plus LeaseMargin long and restarts with every answer, so the server
-//     cannot end the transaction while the call runs. The margin is left for the state write,
-//     which ends with the lease (writeContext).
+//     cannot end the transaction while the call runs. The margin is left for the state write;
+//     a claim's state write and T1's commit end with the lease (writeContext).
 //
 // What stays exposed is the call in flight when the connection is lost: the server rolls the
 // transaction back at once, and a waiting duplicate may take over before that call returns.
-
-// proveSQL proves a holding transaction alive before a listener call that does not follow one
-// of its answers; as a statement of the transaction it also restarts its idle time.
-const proveSQL = `SELECT 1`
 
 // errLeaseLost reports a holding transaction that did not answer before a listener call: its
 // connection or its server session is gone, and with it what it held. No call was made.
@@ -61,15 +58,23 @@ func (l *lease) writeContext(ctx context.Context) (context.Context, context.Canc
 	return context.WithDeadline(context.WithoutCancel(ctx), l.end())
 }
 
-// prove runs proveSQL when a listener was called since the last answer. Its own wait is bounded
-// by the lease: a transaction that does not answer before it ends holds nothing any more.
+// prove proves the transaction alive when a listener was called since its last answer: a ping
+// (an empty query, the cheapest round trip; as a message of the session it restarts the idle
+// time too) whose answer reports the transaction still open and not failed, for a failed one has
+// released its claims and locks already. The ping's own wait is bounded by the lease: a
+// transaction that does not answer before it ends holds nothing any more.
 func (l *lease) prove(ctx context.Context) error {
 	if !l.called {
 		return nil
 	}
 	pctx, cancel := context.WithDeadline(ctx, l.end())
 	defer cancel()
-	if _, err := l.conn.Exec(pctx, proveSQL); err != nil {
+	pg := l.conn.Conn().PgConn()
+	err := pg.Ping(pctx)
+	if err == nil && pg.TxStatus() != txStatusInTransaction {
+		err = fmt.Errorf("transaction status %q after a ping, want %q", pg.TxStatus(), txStatusInTransaction)
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -78,6 +83,10 @@ func (l *lease) prove(ctx context.Context) error {
 	l.answered()
 	return nil
 }
+
+// txStatusInTransaction is the status byte of ReadyForQuery inside an open transaction block
+// that has not failed.
+const txStatusInTransaction = 'T'
 
 // callUnderLease calls the listener for a message that l holds, under the rule above. err is not
 // nil when no call was made (errLeaseLost, or ctx ended first); listenerErr is the listener's.

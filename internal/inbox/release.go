@@ -231,23 +231,21 @@ func (li *lockedInstance) load(ctx context.Context, messageID int64) (storedReco
 
 // deliverStored hands a WAITING message's raw record to the listener and records the outcome in
 // a separate transaction: PROCESSED, or FAILED with its claim deleted (reported in failures).
-// Both writes happen only when the row is still WAITING, and within the lock's lease.
+// Both writes happen only when the row is still WAITING.
 func (li *lockedInstance) deliverStored(ctx context.Context, messageID int64) error {
 	d, err := li.deliverRecord(ctx, messageID)
 	if err != nil {
 		return err
 	}
 	s, listenerErr := d.stored, d.listenerErr
-	wctx, cancel := li.lease.writeContext(ctx)
-	defer cancel()
 	var n int
 	if listenerErr != nil {
-		if err := li.stateConn.QueryRow(wctx, markReleaseFailedSQL, messageID, stateWaiting).Scan(&n); err != nil {
+		if err := li.stateConn.QueryRow(ctx, markReleaseFailedSQL, messageID, stateWaiting).Scan(&n); err != nil {
 			return fmt.Errorf("mark message %d failed: %w", messageID, err)
 		}
 		li.failures = append(li.failures, Failure{Message: s.msg, Origin: s.msg.Record.Origin, Err: listenerErr})
 	} else {
-		tag, err := li.stateConn.Exec(wctx, markReleasedSQL, messageID, stateWaiting)
+		tag, err := li.stateConn.Exec(ctx, markReleasedSQL, messageID, stateWaiting)
 		if err != nil {
 			return fmt.Errorf("mark message %d processed: %w", messageID, err)
 		}
