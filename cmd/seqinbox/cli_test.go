@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -220,7 +221,7 @@ func TestInvalidManifestErrorsComeOneFieldPerLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bad := strings.NewReplacer("retention: 168h", "retention: 10s", "predecessor: OrderShipped", "predecessor: OrderNope").Replace(string(sample))
+	bad := strings.NewReplacer("predecessor: OrderPaid", "predecessor: OrderUnpaid", "predecessor: OrderShipped", "predecessor: OrderNope").Replace(string(sample))
 	path := filepath.Join(t.TempDir(), "bad.yaml")
 	if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
 		t.Fatal(err)
@@ -231,10 +232,70 @@ func TestInvalidManifestErrorsComeOneFieldPerLine(t *testing.T) {
 	if code != exitFailed || len(lines) != 3 || !strings.HasPrefix(lines[0], "seqinbox consume: "+path+": ") {
 		t.Fatalf("exit %d, stderr:\n%s\nwant 1, a line naming the file, then one line per invalid field", code, stderr)
 	}
-	for i, field := range []string{"spec.sequences[0].retention: ", "spec.sequences[0].messages[4].releaseCondition.predecessor: "} {
+	for i, field := range []string{"spec.sequences[0].messages[3].releaseCondition.and[0].predecessor: ", "spec.sequences[0].messages[4].releaseCondition.predecessor: "} {
 		if !strings.HasPrefix(lines[i+1], "  "+field) {
 			t.Errorf("line %d = %q, want it to start with %q", i+2, lines[i+1], field)
 		}
+	}
+}
+
+// TestConsumeRefusesWhatTheAPIServerRefusesWithEveryFieldPath runs consume on manifests that
+// kubectl apply would fail: the CRD's schema and CEL rules apply locally, every error is reported
+// on its own line with its field path, unknown fields too, and none in terms of JSON.
+func TestConsumeRefusesWhatTheAPIServerRefusesWithEveryFieldPath(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sample, err := os.ReadFile(filepath.Join(root, "config", "samples", "inbox_v1alpha1_sequentialinbox.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		replacer *strings.Replacer
+		want     []string
+	}{
+		{"everything at once", strings.NewReplacer(
+			"name: order-inbox\n", "name: order-inbox-with-a-name-of-fifty-two-characters\n",
+			"releaseCondition:\n            predecessor: OrderShipped", "releaseCondtion:\n            predecessor: OrderShipped",
+			"retention: 168h", "retention: 10s",
+			"    url: ", "    service: {name: order-service}\n    url: "), []string{
+			"spec.sequences[0].messages[4].releaseCondtion: unknown field",
+			"metadata.name must be a DNS label of at most 40 characters",
+			"spec.sequences[0].retention: Invalid value: \"10s\"",
+			"spec.sink: Invalid value: set exactly one of spec.sink.url and spec.sink.service",
+		}},
+		{"no sink", strings.NewReplacer("    url: http://127.0.0.1:8090/events\n", ""), []string{
+			"spec.sink: Invalid value: set exactly one of spec.sink.url and spec.sink.service",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			bad := tt.replacer.Replace(string(sample))
+			if bad == string(sample) {
+				t.Fatal("the replacements changed nothing in the sample")
+			}
+			path := filepath.Join(t.TempDir(), "bad.yaml")
+			if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, stderr, code := seqinbox(t, "consume", "-f", path, "--database-url", "postgres://127.0.0.1/none")
+			// One error follows the file on its line; several come one per line after it.
+			lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
+			wantLines, prefix := len(tt.want)+1, "  "
+			if len(tt.want) == 1 {
+				wantLines, prefix = 1, "seqinbox consume: manifest "+path+": document 1 (SequentialInbox order-inbox): "
+			}
+			if code != exitFailed || len(lines) != wantLines || strings.Contains(stderr, "json") {
+				t.Fatalf("exit %d, stderr:\n%s\nwant 1, a line naming the file, then one line per error: %q", code, stderr, tt.want)
+			}
+			for _, want := range tt.want {
+				if !slices.ContainsFunc(lines, func(l string) bool { return strings.HasPrefix(l, prefix+want) }) {
+					t.Errorf("no line starts with %q:\n%s", want, stderr)
+				}
+			}
+		})
 	}
 }
 

@@ -1,11 +1,13 @@
 // Package manifest loads a SequentialInbox from the YAML file a user applies with kubectl, so that
 // `seqinbox consume -f inbox.yaml` runs outside Kubernetes with exactly the configuration the API
-// server would have stored: the file is decoded strictly and the CRD defaults are applied.
+// server would have stored: the file is checked with the CRD's own schema and CEL rules (every
+// error with its field path, unknown fields too) and the CRD defaults are applied.
 package manifest
 
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
@@ -20,7 +23,8 @@ import (
 )
 
 // Load reads the SequentialInbox from a YAML file (which may hold other documents, such as the
-// Secrets it references; they are skipped), rejects unknown fields, and applies the CRD defaults.
+// Secrets it references; they are skipped), rejects what the API server would refuse, and applies
+// the CRD defaults.
 func Load(path string) (*v1alpha1.SequentialInbox, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -59,9 +63,17 @@ func Parse(data []byte) (*v1alpha1.SequentialInbox, error) {
 		if found != nil {
 			return nil, fmt.Errorf("document %d: a second SequentialInbox; a consumer runs exactly one", doc)
 		}
+		errs, err := validateAsTheAPIServer(context.Background(), raw)
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", doc, err)
+		}
 		var inbox v1alpha1.SequentialInbox
-		if err := yaml.UnmarshalStrict(raw, &inbox); err != nil {
-			return nil, fmt.Errorf("document %d (SequentialInbox %s): %w", doc, inbox.Name, err)
+		decodeErr := yaml.Unmarshal(raw, &inbox)
+		if len(errs) > 0 {
+			return nil, fmt.Errorf("document %d (SequentialInbox %s): %w", doc, inbox.Name, utilerrors.NewAggregate(errs))
+		}
+		if decodeErr != nil {
+			return nil, fmt.Errorf("document %d (SequentialInbox %s): %w", doc, inbox.Name, decodeErr)
 		}
 		found = &inbox
 	}

@@ -132,11 +132,18 @@ func TestParseRejects(t *testing.T) {
 	tests := []struct {
 		name, doc, wantErr string
 	}{
-		{"unknown field", strings.Replace(minimal, "  sink:\n", "  sinc: {}\n  sink:\n", 1), `unknown field "sinc"`},
+		{"unknown field", strings.Replace(minimal, "  sink:\n", "  sinc: {}\n  sink:\n", 1), "spec.sinc: unknown field"},
 		{"other apiVersion", strings.Replace(minimal, "v1alpha1", "v1beta9", 1), `apiVersion "inbox.seqinbox.dev/v1beta9"`},
 		{"no inbox", "apiVersion: v1\nkind: Secret\nmetadata: {name: x}\n", "no SequentialInbox"},
 		{"two inboxes", minimal + "\n---\n" + minimal, "a second SequentialInbox"},
 		{"not YAML", "spec: [", "document 1"},
+		{"a field twice", strings.Replace(minimal, "  sink:\n", "  replicas: 2\n  replicas: 3\n  sink:\n", 1), `key "replicas" already set`},
+		{"a typo of a nested field", strings.Replace(minimal, "releaseCondition:", "releaseCondtion:", 1), "spec.sequences[0].messages[1].releaseCondtion: unknown field"},
+		{"every unknown field", strings.Replace(minimal, "  sink:\n", "  sinc: {}\n  sink:\n    uri: x\n", 1), "spec.sinc: unknown field; docs/reference.md lists the fields of a SequentialInbox, spec.sink.uri: unknown field"},
+		{"a CEL rule of the CRD", strings.Replace(minimal, "    url: http://orders-service:8080/events\n", "    url: http://orders-service:8080/events\n    service: {name: orders}\n", 1), "spec.sink: Invalid value: set exactly one of spec.sink.url and spec.sink.service"},
+		{"a schema bound of the CRD", strings.Replace(minimal, "retention: 24h", "retention: 10s", 1), `spec.sequences[0].retention: Invalid value: "10s"`},
+		{"a rule on the name", strings.Replace(minimal, "name: orders\n", "name: "+strings.Repeat("o", 41)+"\n", 1), "metadata.name must be a DNS label of at most 40 characters"},
+		{"no name", strings.Replace(minimal, "name: orders\n", "namespace: shop\n", 1), "metadata.name: Required value"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
