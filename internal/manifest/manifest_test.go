@@ -281,3 +281,38 @@ func TestSinkURLOfAServiceReference(t *testing.T) {
 		})
 	}
 }
+
+// TestADefaultedSpecWrittenBackParsesAgain writes each sample inbox back as the operator renders
+// the consumer's configuration (the typed spec with its defaults, serialized) and parses it
+// again: the CRD's checks accept everything the typed spec serializes, zero values included, so
+// a consumer pod never refuses the manifest the operator gave it.
+func TestADefaultedSpecWrittenBackParsesAgain(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"inbox_v1alpha1_sequentialinbox.yaml", "cluster_order-inbox.yaml"} {
+		t.Run(name, func(t *testing.T) {
+			inbox, err := Load(filepath.Join(root, "config", "samples", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			inbox.Spec.Replicas = nil
+			data, err := yaml.Marshal(map[string]any{
+				"apiVersion": v1alpha1.GroupVersion.String(), "kind": "SequentialInbox",
+				"metadata": map[string]string{"name": inbox.Name, "namespace": "shop"}, "spec": inbox.Spec,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, err := Parse(data)
+			if err != nil {
+				t.Fatalf("the written-back spec is refused: %v\n%s", err, data)
+			}
+			again.Spec.Replicas = nil // defaulted again, as the consumer never reads it
+			if !equality.Semantic.DeepEqual(again.Spec, inbox.Spec) {
+				t.Errorf("the spec changed on the way back:\n%+v\nwant\n%+v", again.Spec, inbox.Spec)
+			}
+		})
+	}
+}
