@@ -442,6 +442,16 @@ type SequenceSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('0s') && duration(self) <= duration('87600h')",message="spec.sequences[].duplicateProtection must be a duration such as 168h, from 0s to 87600h"
 	DuplicateProtection *Duration `json:"duplicateProtection,omitempty"`
 
+	// KeepDeliveredRecords keeps the raw record (key, value, headers) of every delivered message
+	// of this sequence for as long as its instance is kept, so that a Consume action can deliver
+	// a PROCESSED message again. Off (the default), a record is kept only while the consumer may
+	// still have to deliver it: a buffered (WAITING) message until its release, a FAILED one until
+	// a resend or an action settles it; a delivered message keeps its state and claim but not its
+	// payload, and Consume of a PROCESSED message fails, naming this setting. Turning it on keeps
+	// the records of messages delivered from then on.
+	// +optional
+	KeepDeliveredRecords bool `json:"keepDeliveredRecords,omitempty"`
+
 	// Messages are the (qualified) message types of the sequence.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=64

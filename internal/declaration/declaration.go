@@ -151,7 +151,8 @@ func (c *compiler) declare(path *field.Path, specs []v1alpha1.SequenceSpec) []*s
 		if len(s.Messages) == 0 {
 			c.errs = append(c.errs, field.Required(sp.Child("messages"), "a sequence needs at least one message type; add messages or remove the sequence"))
 		}
-		seq := &sequence.Sequence{Name: s.Name, Retention: s.Retention.Duration, DuplicateProtection: protection}
+		seq := &sequence.Sequence{Name: s.Name, Retention: s.Retention.Duration, DuplicateProtection: protection,
+			KeepDeliveredRecords: s.KeepDeliveredRecords}
 		for j := range s.Messages {
 			e := c.declareMessage(sp.Child("messages").Index(j), i, s.Name, &s.Messages[j])
 			if e == nil {

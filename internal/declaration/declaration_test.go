@@ -471,6 +471,7 @@ func TestCompileBuildsTheModel(t *testing.T) {
 - name: billing
   retention: 1m
   duplicateProtection: 168h
+  keepDeliveredRecords: true
   messages:
   - {type: InvoiceSent, contextId: {key: true}}
   - {type: Audit, subtype: OK, subtypeFrom: {key: true}}
@@ -485,11 +486,11 @@ func TestCompileBuildsTheModel(t *testing.T) {
 
 	order, ok := set.Sequence("order")
 	// Unset, the duplicate protection is the retention; set, it is what the user chose, 0s included.
-	if !ok || order.Retention != 24*time.Hour || order.DuplicateProtection != 24*time.Hour || len(order.Types) != 3 {
+	if !ok || order.Retention != 24*time.Hour || order.DuplicateProtection != 24*time.Hour || order.KeepDeliveredRecords || len(order.Types) != 3 {
 		t.Fatalf("sequence order = %+v, %v", order, ok)
 	}
 	billing, ok := set.Sequence("billing")
-	if !ok || billing.Retention != time.Minute || billing.DuplicateProtection != 168*time.Hour || len(billing.Types) != 2 {
+	if !ok || billing.Retention != time.Minute || billing.DuplicateProtection != 168*time.Hour || !billing.KeepDeliveredRecords || len(billing.Types) != 2 {
 		t.Fatalf("sequence billing = %+v, %v", billing, ok)
 	}
 	if audit, ok := set.Sequence("audit"); !ok || audit.DuplicateProtection != 0 {

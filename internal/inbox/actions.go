@@ -233,10 +233,17 @@ SELECT message_type, idempotence_id, sequence_instance_id, now() FROM sequenced_
 ON CONFLICT (message_type, idempotence_id) DO NOTHING`
 
 // expectStateSQL writes a message state when the row is still in the state the action found
-// ($2); PROCESSED to PROCESSED keeps its state_changed_at.
-const expectStateSQL = `UPDATE sequenced_message
-SET state = $3, state_changed_at = CASE WHEN state = $3 THEN state_changed_at ELSE now() END
-WHERE id = $1 AND state = $2`
+// ($2); PROCESSED to PROCESSED keeps its state_changed_at. A message that becomes PROCESSED loses
+// its raw record unless its sequence keeps the records of delivered messages ($4, keepsRecord).
+const expectStateSQL = `WITH m AS (
+  UPDATE sequenced_message
+  SET state = $3, state_changed_at = CASE WHEN state = $3 THEN state_changed_at ELSE now() END
+  WHERE id = $1 AND state = $2
+  RETURNING id
+), d AS (
+  DELETE FROM buffered_message b USING m WHERE b.sequenced_message_id = m.id AND NOT $4
+)
+SELECT 1 FROM m`
 
 // dropClaimSQL deletes the claim of a message that an action leaves FAILED, so that a resend can
 // claim and retry it.
@@ -445,9 +452,13 @@ func (li *lockedInstance) consume(ctx context.Context, a pendingMessageAction, s
 		}
 		return li.endSavepoint(ctx, releaseSavepointSQL)
 	case stored.state == stateProcessed:
-		li.e.log.Info("CONSUME of a PROCESSED message failed; it stays PROCESSED", "messageId", stored.id,
-			"sequence", li.name, "context", li.contextID, "error", d.listenerErr.Error())
 		out := failed("delivery failed: %v; the message stays PROCESSED", d.listenerErr)
+		if errors.Is(d.listenerErr, errNoStoredRecord) {
+			out = failed("the message was delivered and its record was not kept, so it cannot be delivered again; "+
+				"set spec.sequences[].keepDeliveredRecords on sequence %q to keep the records of messages delivered from then on", li.name)
+		}
+		li.e.log.Info("CONSUME of a PROCESSED message failed; it stays PROCESSED", "messageId", stored.id,
+			"sequence", li.name, "context", li.contextID, "detail", out.detail)
 		if err := li.finishMessageAction(ctx, stateWrite{}, a, out); err != nil {
 			return err
 		}
@@ -490,7 +501,7 @@ type stateWrite struct {
 func (li *lockedInstance) finishMessageAction(ctx context.Context, w stateWrite, a pendingMessageAction, out actionOutcome) error {
 	return pgx.BeginTxFunc(ctx, li.stateConn, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if w.id != 0 {
-			tag, err := tx.Exec(ctx, expectStateSQL, w.id, w.from, w.to)
+			tag, err := tx.Exec(ctx, expectStateSQL, w.id, w.from, w.to, li.e.keepsRecord(li.name, w.to))
 			if err != nil {
 				return fmt.Errorf("write %s: %w", w.to, err)
 			}

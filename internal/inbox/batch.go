@@ -45,15 +45,15 @@ CROSS JOIN LATERAL (SELECT id, state FROM sequenced_message
   ` + standingRowFirst + `) m`
 
 // insertStatesSQL is insertStateSQL for the messages of a batch that had no row, in one
-// statement. Its transaction commits without waiting for its WAL flush, as a single message's
+// statement; a message's raw record is written when its keep_record is set (keepsRecord). Its transaction commits without waiting for its WAL flush, as a single message's
 // does: the batch's T1 commits after it in every case (a failed message's claim is deleted inside
 // T1, not rolled back), and T1's flush covers the states. A message stored meanwhile by someone
 // else is left out (and reported by the row count); that check probes the index per message, as
 // lookupMessagesSQL does.
 const insertStatesSQL = `WITH s AS (
   SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::int8[], $8::text[],
-                       $9::text[], $10::bytea[], $11::bytea[], $12::text[])
-    AS s(instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context, key, value, headers)
+                       $9::text[], $10::bytea[], $11::bytea[], $12::text[], $13::bool[])
+    AS s(instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context, key, value, headers, keep_record)
 ), m AS (
   INSERT INTO sequenced_message
     (sequence_instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context)
@@ -62,11 +62,13 @@ const insertStatesSQL = `WITH s AS (
     WHERE d.idempotence_id = s.idempotence_id AND d.message_type = s.message_type LIMIT 1) d ON true
   WHERE d.stored IS NULL
   RETURNING id, sequence_instance_id, message_type, idempotence_id
+), r AS (
+  INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
+  SELECT m.sequence_instance_id, m.id, s.key, s.value, s.headers::jsonb
+  FROM m JOIN s ON s.message_type = m.message_type AND s.idempotence_id = m.idempotence_id
+  WHERE s.keep_record
 )
-INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
-SELECT m.sequence_instance_id, m.id, s.key, s.value, s.headers::jsonb
-FROM m JOIN s ON s.message_type = m.message_type AND s.idempotence_id = m.idempotence_id
-RETURNING set_config('synchronous_commit', 'off', true)`
+SELECT set_config('synchronous_commit', 'off', true) FROM m`
 
 // unclaimSQL deletes, inside T1, the claims of the batch's messages whose listener failed and of
 // those the batch did not get to: they commit with T1 as if they had been rolled back, so that a
@@ -439,7 +441,7 @@ func (b *batchRun) storeStates(ctx context.Context) error {
 	}
 	wctx, cancel := b.lease.writeContext(ctx)
 	defer cancel()
-	complete, err := storeBatchStatesInNewTx(wctx, b.stateConn, writes)
+	complete, err := b.e.storeBatchStatesInNewTx(wctx, b.stateConn, writes)
 	for backoff := stateWriteBackoff; err != nil && retryableStateWrite(err); backoff *= 2 {
 		b.e.log.Info("batch state write failed; retrying on a new connection within the claims' lease",
 			"messages", len(writes), "error", err.Error())
@@ -462,7 +464,7 @@ func (b *batchRun) storeStates(ctx context.Context) error {
 // storeBatchStatesInNewTx writes the states of a batch in one transaction, in one round trip:
 // new rows in one statement, redelivered FAILED rows each on their own. It reports false when a
 // message was recorded by someone else meanwhile.
-func storeBatchStatesInNewTx(ctx context.Context, conn *pgxpool.Conn, writes []*batchItem) (bool, error) {
+func (e *Engine) storeBatchStatesInNewTx(ctx context.Context, conn *pgxpool.Conn, writes []*batchItem) (bool, error) {
 	var (
 		cols    insertStatesColumns
 		updates []*batchItem
@@ -473,7 +475,7 @@ func storeBatchStatesInNewTx(ctx context.Context, conn *pgxpool.Conn, writes []*
 			updates = append(updates, it)
 			continue
 		}
-		if err := cols.add(it); err != nil {
+		if err := cols.add(it, e.keepsRecord(it.msg.Sequence, it.write)); err != nil {
 			return false, err
 		}
 	}
@@ -488,13 +490,14 @@ func storeBatchStatesInNewTx(ctx context.Context, conn *pgxpool.Conn, writes []*
 			return false, err
 		}
 		q.Queue(updateFailedStateSQL, it.existing.id, it.write, it.instanceID,
-			o.MessageID, o.Topic, o.Partition, o.Offset, traceContext(r.Headers), r.Key, r.Value, headers)
+			o.MessageID, o.Topic, o.Partition, o.Offset, traceContext(r.Headers), r.Key, r.Value, headers,
+			e.keepsRecord(it.msg.Sequence, it.write))
 	}
 	q.Queue(commitSQL)
 	br := conn.SendBatch(ctx, q)
 	stored, err := func() (int64, error) {
 		var n int64
-		for range q.Len() {
+		for i := range q.Len() {
 			tag, err := br.Exec()
 			if err != nil {
 				return n, err
@@ -502,7 +505,8 @@ func storeBatchStatesInNewTx(ctx context.Context, conn *pgxpool.Conn, writes []*
 			if tag.String() == "ROLLBACK" {
 				return n, errors.New("commit: transaction was rolled back")
 			}
-			if tag.Insert() || tag.Update() {
+			// Between BEGIN and COMMIT, each statement's rows are messages stored.
+			if i > 0 && i < q.Len()-1 {
 				n += tag.RowsAffected()
 			}
 		}
@@ -526,7 +530,7 @@ func (e *Engine) storeBatchStatesOnNewConn(ctx context.Context, writes []*batchI
 		return false, fmt.Errorf("acquire state connection: %w", err)
 	}
 	defer conn.Release()
-	stored, err := storeBatchStatesInNewTx(ctx, conn, writes)
+	stored, err := e.storeBatchStatesInNewTx(ctx, conn, writes)
 	if err != nil || stored {
 		return stored, err
 	}
@@ -563,9 +567,11 @@ type insertStatesColumns struct {
 	offsets                                     []int64
 	traces                                      []*string
 	keys, values                                [][]byte
+	keepRecords                                 []bool
 }
 
-func (c *insertStatesColumns) add(it *batchItem) error {
+// add appends a message; its key and value go to the server only when its record is kept.
+func (c *insertStatesColumns) add(it *batchItem, keepRecord bool) error {
 	r, o := it.msg.Record, it.msg.Record.Origin
 	headers, err := encodeHeaders(r.Headers)
 	if err != nil {
@@ -580,15 +586,19 @@ func (c *insertStatesColumns) add(it *batchItem) error {
 	c.offsets = append(c.offsets, o.Offset)
 	c.states = append(c.states, it.write)
 	c.traces = append(c.traces, traceContext(r.Headers))
-	c.keys = append(c.keys, r.Key)
-	c.values = append(c.values, r.Value)
+	if keepRecord {
+		c.keys, c.values = append(c.keys, r.Key), append(c.values, r.Value)
+	} else {
+		c.keys, c.values = append(c.keys, nil), append(c.values, nil)
+	}
 	c.hdr = append(c.hdr, string(headers))
+	c.keepRecords = append(c.keepRecords, keepRecord)
 	return nil
 }
 
 func (c *insertStatesColumns) args() []any {
 	return []any{c.instanceIDs, c.types, c.ids, c.messageIDs, c.topics, c.partitions, c.offsets, c.states,
-		c.traces, c.keys, c.values, c.hdr}
+		c.traces, c.keys, c.values, c.hdr, c.keepRecords}
 }
 
 // buffer writes, inside T1, the WAITING rows of the batch's messages whose condition did not

@@ -235,8 +235,10 @@ func (e *Engine) deliverUnderClaim(ctx context.Context, stateConn *pgxpool.Conn,
 }
 
 // insertStateSQL stores the state of a delivered message that had no row, with the raw record
-// of this delivery, so that a CONSUME action can deliver it again. The guard finds a row only
-// when someone else recorded the message after T1's lookup, which means our claim was lost.
+// of this delivery when it is to be kept ($13, keepsRecord): a FAILED message's, for the resend
+// or action that settles it, and a PROCESSED one's only when its sequence keeps the records of
+// delivered messages for replay. The guard finds a row only when someone else recorded the
+// message after T1's lookup, which means our claim was lost.
 //
 // A PROCESSED state commits without waiting for its WAL flush (synchronous_commit off for this
 // transaction only, set in the same statement): T1 commits after it and waits for its own flush,
@@ -250,42 +252,60 @@ const insertStateSQL = `WITH m AS (
   SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
   WHERE NOT EXISTS (SELECT 1 FROM sequenced_message WHERE idempotence_id = $3 AND message_type = $2)
   RETURNING id, sequence_instance_id
+), r AS (
+  INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
+  SELECT sequence_instance_id, id, $10, $11, $12 FROM m WHERE $13
 )
-INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
-SELECT sequence_instance_id, id, $10, $11, $12 FROM m
-RETURNING set_config('synchronous_commit', CASE WHEN $8 = 'PROCESSED' THEN 'off' ELSE current_setting('synchronous_commit') END, true)`
+SELECT set_config('synchronous_commit', CASE WHEN $8 = 'PROCESSED' THEN 'off' ELSE current_setting('synchronous_commit') END, true) FROM m`
 
 // updateFailedStateSQL stores the new state of a redelivered FAILED message on its row, with the
-// raw record of this delivery; it writes nothing unless the row is still FAILED.
+// raw record of this delivery when it is to be kept ($12, keepsRecord), else without the record
+// the failure had kept; it writes nothing unless the row is still FAILED.
 const updateFailedStateSQL = `WITH m AS (
   UPDATE sequenced_message
   SET state = $2, state_changed_at = now(), sequence_instance_id = $3, message_id = $4, topic = $5,
       partition = $6, "offset" = $7, trace_context = $8
   WHERE id = $1 AND state = 'FAILED'
   RETURNING id, sequence_instance_id
+), r AS (
+  INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
+  SELECT sequence_instance_id, id, $9, $10, $11 FROM m WHERE $12
+  ON CONFLICT (sequenced_message_id) DO UPDATE
+  SET sequence_instance_id = EXCLUDED.sequence_instance_id, key = EXCLUDED.key, value = EXCLUDED.value, headers = EXCLUDED.headers
+), d AS (
+  DELETE FROM buffered_message b USING m WHERE b.sequenced_message_id = m.id AND NOT $12
 )
-INSERT INTO buffered_message (sequence_instance_id, sequenced_message_id, key, value, headers)
-SELECT sequence_instance_id, id, $9, $10, $11 FROM m
-ON CONFLICT (sequenced_message_id) DO UPDATE
-SET sequence_instance_id = EXCLUDED.sequence_instance_id, key = EXCLUDED.key, value = EXCLUDED.value, headers = EXCLUDED.headers`
+SELECT 1 FROM m`
 
 // storeStateInNewTx writes the state of a message delivered under a claim in its own
 // single-statement transaction, on a connection other than T1's. It reports false when the
 // message was recorded by someone else meanwhile.
-func storeStateInNewTx(ctx context.Context, conn *pgxpool.Conn, instanceID int64, existing storedMessage, state string, msg Message) (bool, error) {
+func (e *Engine) storeStateInNewTx(ctx context.Context, conn *pgxpool.Conn, instanceID int64, existing storedMessage, state string, msg Message) (bool, error) {
 	r, o := msg.Record, msg.Record.Origin
 	headers, err := encodeHeaders(r.Headers)
 	if err != nil {
 		return false, err
 	}
+	keep := e.keepsRecord(msg.Sequence, state)
 	if existing.state == stateFailed {
 		tag, err := conn.Exec(ctx, updateFailedStateSQL, existing.id, state, instanceID,
-			o.MessageID, o.Topic, o.Partition, o.Offset, traceContext(r.Headers), r.Key, r.Value, headers)
+			o.MessageID, o.Topic, o.Partition, o.Offset, traceContext(r.Headers), r.Key, r.Value, headers, keep)
 		return tag.RowsAffected() == 1, err
 	}
 	tag, err := conn.Exec(ctx, insertStateSQL, instanceID, msg.QualifiedType, r.IdempotenceID,
-		o.MessageID, o.Topic, o.Partition, o.Offset, state, traceContext(r.Headers), r.Key, r.Value, headers)
+		o.MessageID, o.Topic, o.Partition, o.Offset, state, traceContext(r.Headers), r.Key, r.Value, headers, keep)
 	return tag.RowsAffected() == 1, err
+}
+
+// keepsRecord reports whether a message of the sequence that goes into state keeps its raw
+// record: one the engine may still have to deliver (WAITING, FAILED) always, a PROCESSED one only
+// when the sequence keeps the records of delivered messages for replay.
+func (e *Engine) keepsRecord(sequenceName, state string) bool {
+	if state != stateProcessed {
+		return true
+	}
+	seq, ok := e.set.Sequence(sequenceName)
+	return ok && seq.KeepDeliveredRecords
 }
 
 // stateWriteBackoff is the first wait before a state write is tried again; it doubles.
@@ -300,7 +320,7 @@ const stateWriteBackoff = 50 * time.Millisecond
 func (e *Engine) storeStateUnderLease(ctx context.Context, conn *pgxpool.Conn, l *lease, instanceID int64, existing storedMessage, state string, msg Message) (bool, error) {
 	wctx, cancel := l.writeContext(ctx)
 	defer cancel()
-	stored, err := storeStateInNewTx(wctx, conn, instanceID, existing, state, msg)
+	stored, err := e.storeStateInNewTx(wctx, conn, instanceID, existing, state, msg)
 	for backoff := stateWriteBackoff; err != nil && retryableStateWrite(err); backoff *= 2 {
 		e.log.Info("state write failed; retrying on a new connection within the claim's lease",
 			"type", msg.QualifiedType, "idempotenceId", msg.Record.IdempotenceID, "state", state, "error", err.Error())
@@ -321,7 +341,7 @@ func (e *Engine) storeStateOnNewConn(ctx context.Context, instanceID int64, exis
 		return false, fmt.Errorf("acquire state connection: %w", err)
 	}
 	defer conn.Release()
-	stored, err := storeStateInNewTx(ctx, conn, instanceID, existing, state, msg)
+	stored, err := e.storeStateInNewTx(ctx, conn, instanceID, existing, state, msg)
 	if err != nil || stored {
 		return stored, err
 	}

@@ -33,7 +33,7 @@ func TestProcessedStateSkipsItsOwnFlushFailedStateKeepsIt(t *testing.T) {
 	} {
 		var during, after string
 		err := conn.QueryRow(ctx, insertStateSQL, instanceID, "A", h.prefix+c.idem, c.idem, "orders", 0, 1, c.state, nil,
-			[]byte("key"), []byte("value"), []byte("[]")).Scan(&during)
+			[]byte("key"), []byte("value"), []byte("[]"), true).Scan(&during)
 		if err != nil {
 			t.Fatalf("store %s: %v", c.state, err)
 		}

@@ -300,7 +300,7 @@ func TestHistoricalDuplicatesAreDeliveredAtMostOnce(t *testing.T) {
 }
 
 func TestConsumeDeliversAProcessedMessageAgain(t *testing.T) {
-	h := newHarness(t, chainSet())
+	h := newHarness(t, keepingChainSet())
 	a := h.rec("A", "a1", "x")
 	h.process(a)
 	h.request("A", "a1", ActionConsume)

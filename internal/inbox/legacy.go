@@ -83,7 +83,7 @@ func (e *Engine) deliverThenInsert(ctx context.Context, conn *pgxpool.Conn, inst
 	r, o := msg.Record, msg.Record.Origin
 	var err error
 	if existing.state == stateFailed {
-		_, err = storeStateInNewTx(ctx, conn, instanceID, existing, state, msg)
+		_, err = e.storeStateInNewTx(ctx, conn, instanceID, existing, state, msg)
 	} else {
 		_, err = conn.Exec(ctx, legacyInsertStateSQL, instanceID, msg.QualifiedType, r.IdempotenceID,
 			o.MessageID, o.Topic, o.Partition, o.Offset, state, traceContext(r.Headers))

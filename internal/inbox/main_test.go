@@ -172,6 +172,14 @@ func chainSet() *sequence.Set {
 	)})
 }
 
+// keepingChainSet is chainSet with the records of delivered messages kept for replay.
+func keepingChainSet() *sequence.Set {
+	set := chainSet()
+	seq, _ := set.Sequence("chain")
+	seq.KeepDeliveredRecords = true
+	return set
+}
+
 // harness is one test's engine on the shared database. Idempotence and context IDs carry a
 // prefix unique to the test, so tests never share claims or instances.
 type harness struct {

@@ -39,8 +39,8 @@ func TestBufferedMessageIsReleasedByItsPredecessorByteForByte(t *testing.T) {
 		t.Fatalf("delivered %v, want [A B]", got)
 	}
 	if n := h.count(`SELECT count(*) FROM buffered_message b JOIN sequenced_message m ON m.id = b.sequenced_message_id
-WHERE m.idempotence_id = $1`, b.IdempotenceID); n != 1 {
-		t.Fatalf("stored records of B after release = %d, want 1: the record of its latest delivery stays for a CONSUME", n)
+WHERE m.idempotence_id = $1`, b.IdempotenceID); n != 0 {
+		t.Fatalf("stored records of B after release = %d, want 0: a released message keeps no record by default", n)
 	}
 	if s := h.instanceState("chain", "c1"); s != "OPEN" {
 		t.Fatalf("instance = %s, want OPEN (C missing)", s)
@@ -137,8 +137,8 @@ func TestRecordingModeDeliversAtOnceThenSequencingBuffers(t *testing.T) {
 	if got := h.listener.deliveredTypes(h.ctxID("rec")); !slices.Equal(got, []string{"C", "B", "A"}) {
 		t.Fatalf("recording mode delivered %v, want arrival order [C B A]", got)
 	}
-	if n := h.count(`SELECT count(*) FROM buffered_message b JOIN sequence_instance i ON i.id = b.sequence_instance_id WHERE i.context_id = $1`, h.ctxID("rec")); n != 3 {
-		t.Fatalf("stored records in recording mode = %d, want 3: one per message, for a CONSUME", n)
+	if n := h.count(`SELECT count(*) FROM buffered_message b JOIN sequence_instance i ON i.id = b.sequence_instance_id WHERE i.context_id = $1`, h.ctxID("rec")); n != 0 {
+		t.Fatalf("stored records in recording mode = %d, want 0: a delivered message keeps no record by default", n)
 	}
 	if s := h.instanceState("chain", "rec"); s != "CLOSED" {
 		t.Fatalf("instance = %s, want CLOSED once complete", s)

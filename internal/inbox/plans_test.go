@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // engineTables are the tables a message's processing reads and writes.
@@ -61,7 +62,7 @@ func TestHotStatementsProbeIndexesWhateverTheStatistics(t *testing.T) {
 		states.partitions, states.offsets = append(states.partitions, 0), append(states.offsets, int64(i))
 		states.states, states.traces = append(states.states, stateProcessed), append(states.traces, nil)
 		states.keys, states.values = append(states.keys, []byte("k")), append(states.values, []byte("v"))
-		states.hdr = append(states.hdr, "[]")
+		states.hdr, states.keepRecords = append(states.hdr, "[]"), append(states.keepRecords, true)
 	}
 	statements := []struct {
 		name, sql string
@@ -73,6 +74,7 @@ func TestHotStatementsProbeIndexesWhateverTheStatistics(t *testing.T) {
 		{"batch lookup", lookupMessagesSQL, []any{types, ids}},
 		{"batch states", insertStatesSQL, states.args()},
 		{"batch unclaim", unclaimSQL, []any{types, ids}},
+		{"waiting gauges", stateCollectSQL, []any{time.Now(), time.Now().Add(time.Hour), int32(0), int64(0), int64(0)}},
 	}
 
 	for _, stats := range []string{"missing", "stale"} {

@@ -41,11 +41,17 @@ const loadBufferedSQL = `SELECT m.message_type, m.idempotence_id, m.state, coale
 FROM sequenced_message m LEFT JOIN buffered_message b ON b.sequenced_message_id = m.id
 WHERE m.id = $1`
 
-// markReleasedSQL records a released message as PROCESSED. Its raw record stays, so that a
-// CONSUME action can deliver it again; it goes with its instance. The write happens only when
-// the row is still in the expected state ($2).
-const markReleasedSQL = `UPDATE sequenced_message SET state = 'PROCESSED', state_changed_at = now()
-WHERE id = $1 AND state = $2`
+// markReleasedSQL records a released message as PROCESSED and, in the same statement, deletes its
+// raw record unless its sequence keeps the records of delivered messages ($3, keepsRecord). The
+// write happens only when the row is still in the expected state ($2).
+const markReleasedSQL = `WITH m AS (
+  UPDATE sequenced_message SET state = 'PROCESSED', state_changed_at = now()
+  WHERE id = $1 AND state = $2
+  RETURNING id
+), d AS (
+  DELETE FROM buffered_message b USING m WHERE b.sequenced_message_id = m.id AND NOT $3
+)
+SELECT 1 FROM m`
 
 // markReleaseFailedSQL sets a message FAILED and deletes its claim in one transaction (SPEC
 // §3.6), so that a resend can claim and retry it; only when the row is still in the expected
@@ -245,7 +251,7 @@ func (li *lockedInstance) deliverStored(ctx context.Context, messageID int64) er
 		}
 		li.failures = append(li.failures, Failure{Message: s.msg, Origin: s.msg.Record.Origin, Err: listenerErr})
 	} else {
-		tag, err := li.stateConn.Exec(ctx, markReleasedSQL, messageID, stateWaiting)
+		tag, err := li.stateConn.Exec(ctx, markReleasedSQL, messageID, stateWaiting, li.e.keepsRecord(li.name, stateProcessed))
 		if err != nil {
 			return fmt.Errorf("mark message %d processed: %w", messageID, err)
 		}
@@ -260,8 +266,8 @@ func (li *lockedInstance) deliverStored(ctx context.Context, messageID int64) er
 	return nil
 }
 
-// errNoStoredRecord is the listener error of a message that has no raw record to deliver (a row
-// written before records were kept for every state).
+// errNoStoredRecord is the listener error of a message that has no raw record to deliver: a
+// delivered one whose sequence does not keep the records of delivered messages.
 var errNoStoredRecord = errors.New("no stored record to deliver")
 
 // delivery is what deliverRecord did: the loaded message and the listener's error.

@@ -164,6 +164,9 @@ type Sequence struct {
 	// DuplicateProtection is how long a closed instance and its claims are kept after closing,
 	// so that duplicates of its messages are recognised.
 	DuplicateProtection time.Duration
+	// KeepDeliveredRecords keeps the raw records of delivered messages for replay (a CONSUME of
+	// a PROCESSED message); without it a record exists only while the engine may still deliver it.
+	KeepDeliveredRecords bool
 	// Types are the sequence's qualified types in declaration order.
 	Types []*MessageType
 }
