@@ -225,18 +225,36 @@ func recordAction(ctx context.Context, databaseURL string, req actionRequest, re
 	}
 }
 
-// requestAction records the action through the inbox's functions.
+// requestAction records the action through the inbox's functions. Its errors name the action
+// as the API spells it (Expire), not as the engine stores it (EXPIRE).
 func requestAction(ctx context.Context, conn *pgx.Conn, req actionRequest) error {
+	var err error
 	switch req.action {
 	case v1alpha1.ActionConsume:
-		return inbox.RequestMessageAction(ctx, conn, req.requestID, req.messageType, req.idempotenceID, inbox.ActionConsume)
+		err = inbox.RequestMessageAction(ctx, conn, req.requestID, req.messageType, req.idempotenceID, inbox.ActionConsume)
 	case v1alpha1.ActionExpire:
-		return inbox.RequestMessageAction(ctx, conn, req.requestID, req.messageType, req.idempotenceID, inbox.ActionExpire)
+		err = inbox.RequestMessageAction(ctx, conn, req.requestID, req.messageType, req.idempotenceID, inbox.ActionExpire)
 	case v1alpha1.ActionConsumeAll:
-		return inbox.RequestInstanceAction(ctx, conn, req.requestID, req.sequence, req.contextID, inbox.ActionConsumeAll)
+		err = inbox.RequestInstanceAction(ctx, conn, req.requestID, req.sequence, req.contextID, inbox.ActionConsumeAll)
 	case v1alpha1.ActionClose:
-		return inbox.RequestInstanceAction(ctx, conn, req.requestID, req.sequence, req.contextID, inbox.ActionClose)
+		err = inbox.RequestInstanceAction(ctx, conn, req.requestID, req.sequence, req.contextID, inbox.ActionClose)
 	default:
 		return fmt.Errorf("unknown action %q", req.action)
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, inbox.ErrNotFound):
+		check := "--type and --idempotence-id"
+		if req.action == v1alpha1.ActionConsumeAll || req.action == v1alpha1.ActionClose {
+			check = "--sequence and --context-id"
+		}
+		return fmt.Errorf("%s on %s: %w in the inbox's tables; check %s", req.action, req.target(), inbox.ErrNotFound, check)
+	default:
+		// The engine's error names the action in its own spelling; its cause is what went wrong.
+		if cause := errors.Unwrap(err); cause != nil {
+			err = cause
+		}
+		return fmt.Errorf("record %s on %s: %w", req.action, req.target(), err)
 	}
 }

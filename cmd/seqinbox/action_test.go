@@ -155,6 +155,9 @@ func TestActionCommandOnAMissingTargetFailsAndReportsNotFound(t *testing.T) {
 			if !errors.Is(err, inbox.ErrNotFound) {
 				t.Fatalf("action error = %v, want ErrNotFound", err)
 			}
+			if action := tt.args[1]; !strings.Contains(err.Error(), ": "+action+" on ") || strings.Contains(err.Error(), strings.ToUpper(action)) {
+				t.Fatalf("action error %q, want it to name the action as the API does (%s), not as the engine stores it", err, action)
+			}
 			if stdout.Len() != 0 {
 				t.Fatalf("text output on failure: %q, want none (the error goes to stderr)", stdout.String())
 			}
