@@ -96,7 +96,8 @@ const (
 
 	// PartitionCountReason (ScalingLimited): spec.replicas exceeds the topics' partitions.
 	PartitionCountReason = "PartitionCount"
-	// ConnectionBudgetReason (ScalingLimited): spec.replicas × poolSize would exceed the connection budget.
+	// ConnectionBudgetReason (ScalingLimited): spec.replicas × (poolSize + MaintenanceConnections),
+	// plus the migration Job's connection, would exceed the connection budget.
 	ConnectionBudgetReason = "ConnectionBudget"
 	// PartitionCountUnknownReason (ScalingLimited Unknown): the partition count could not be read.
 	PartitionCountUnknownReason = "PartitionCountUnknown"
