@@ -256,7 +256,11 @@ type DatabaseSpec struct {
 	ConnectionBudget *int32 `json:"connectionBudget,omitempty"`
 
 	// IdleLockTimeout bounds how long the release transaction may hold the instance lock while idle
-	// (PostgreSQL idle_in_transaction_session_timeout).
+	// (PostgreSQL idle_in_transaction_session_timeout). The transaction holds the lock during a
+	// sink call, so a consumer raises a lower value to the sink's deadline (every attempt of
+	// spec.sink.timeout and every backoff between them) plus 5s, and logs the value it uses: with
+	// the default sink settings that is 46.4s, and the default of 30s applies only to a sink whose
+	// deadline is shorter.
 	// +optional
 	// +kubebuilder:default="30s"
 	// +kubebuilder:validation:Type=string

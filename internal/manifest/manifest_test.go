@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/sink"
 	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
@@ -314,5 +315,34 @@ func TestADefaultedSpecWrittenBackParsesAgain(t *testing.T) {
 				t.Errorf("the spec changed on the way back:\n%+v\nwant\n%+v", again.Spec, inbox.Spec)
 			}
 		})
+	}
+}
+
+// TestTheDocumentedEffectiveIdleLockTimeoutIsTheDefaultSinkDeadlinePlusTheMargin checks the
+// value that spec.database.idleLockTimeout's description (and so docs/reference.md) gives for
+// the default sink settings: the engine raises the idle lock timeout to the sink's deadline plus
+// its lease margin of 5s (internal/inbox, defaultLeaseMargin).
+func TestTheDocumentedEffectiveIdleLockTimeoutIsTheDefaultSinkDeadlinePlusTheMargin(t *testing.T) {
+	const leaseMargin = 5 * time.Second
+	inbox, err := Parse([]byte(minimal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	effective := max(inbox.Spec.Database.IdleLockTimeout.Duration, sink.ConfigFor(&inbox.Spec.Sink).Deadline()+leaseMargin)
+	if effective <= inbox.Spec.Database.IdleLockTimeout.Duration {
+		t.Fatalf("the default idle lock timeout %s is no longer raised (effective %s): say so in its description", inbox.Spec.Database.IdleLockTimeout.Duration, effective)
+	}
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range []string{filepath.Join("api", "v1alpha1", "sequentialinbox_types.go"), filepath.Join("docs", "reference.md")} {
+		data, err := os.ReadFile(filepath.Join(root, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "the default sink settings that is " + effective.String(); !strings.Contains(string(data), want) {
+			t.Errorf("%s does not say %q", file, want)
+		}
 	}
 }
