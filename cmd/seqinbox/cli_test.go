@@ -124,6 +124,9 @@ func TestUsageErrorsExitTwoWithOneLineNamingTheProblem(t *testing.T) {
 		{[]string{"version", "--output", "yaml"}, `seqinbox version: --output "yaml": use text or json`},
 		{[]string{"migrate", "-o", "yaml", "--database-url", "postgres://x"}, `seqinbox migrate: --output "yaml": use text or json`},
 		{[]string{"migrate"}, "seqinbox migrate: --database-url or SEQINBOX_DATABASE_URL is required"},
+		{[]string{"migrate", "--database-url", "mysql://app:s3cret@db/orders"}, "seqinbox migrate: --database-url mysql://…: seqinbox keeps the inbox in PostgreSQL; pass postgres://"},
+		{[]string{"consume", "-f", "inbox.yaml", "--database-url", "mysql://app:s3cret@db/orders"}, "seqinbox consume: --database-url mysql://…: seqinbox keeps the inbox in PostgreSQL"},
+		{[]string{"action", "--database-url", "jdbc:postgresql://db/orders", "--action", "Close", "--sequence", "order", "--context-id", "o-1"}, "seqinbox action: --database-url jdbc:postgresql://…: seqinbox keeps the inbox in PostgreSQL"},
 		{[]string{"migrate", "--database-url", "postgres://x", "--live-within", "0s"}, "seqinbox migrate: --live-within 0s: must be positive"},
 		{[]string{"action", "--database-url", "postgres://x", "--action", "Close", "-o", "yaml"}, `seqinbox action: --output "yaml"`},
 		{[]string{"action", "--database-url", "postgres://x", "--action", "Close"}, "seqinbox action: --action Close takes --sequence and --context-id"},
@@ -296,6 +299,26 @@ func TestConsumeRefusesWhatTheAPIServerRefusesWithEveryFieldPath(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDatabaseErrorsSayWhatToDoOnce checks the errors of a database that cannot serve: a refused
+// connection is reported once (pgx tries with and without TLS), and a search_path whose schemas
+// do not exist says so, without a raw SQLSTATE.
+func TestDatabaseErrorsSayWhatToDoOnce(t *testing.T) {
+	_, stderr, code := seqinbox(t, "migrate", "--database-url", "postgres://app@127.0.0.1:1/orders")
+	if code != exitFailed || strings.Count(stderr, "connection refused") != 1 {
+		t.Errorf("migrate on a refused port: exit %d, stderr:\n%s\nwant 1 and the refused connection once", code, stderr)
+	}
+
+	url := testenv.FreshDatabase(t, "cmd_search_path")
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	_, stderr, code = seqinbox(t, "migrate", "--database-url", url+sep+"search_path=inbox")
+	if code != exitFailed || !strings.Contains(stderr, "no schema of search_path (inbox) exists") || !strings.Contains(stderr, "CREATE SCHEMA") || strings.Contains(stderr, "SQLSTATE") {
+		t.Errorf("migrate with a search_path of no schema: exit %d, stderr:\n%s\nwant 1, naming search_path and what to do, no SQLSTATE", code, stderr)
 	}
 }
 

@@ -62,6 +62,9 @@ addresses and the pod name as --instance-id.`,
 				return err
 			}
 			fromEnv(cmd, "database-url", envDatabaseURL, &databaseURL)
+			if err := checkDatabaseURL(databaseURL); err != nil {
+				return err
+			}
 			fromEnv(cmd, "bootstrap-servers", envBootstrapServers, &bootstrap)
 			limit, err := memoryLimit()
 			if err != nil {

@@ -94,13 +94,25 @@ func fromEnv(cmd *cobra.Command, flag, env string, p *string) {
 	}
 }
 
-// requireDatabaseURL reads --database-url or SEQINBOX_DATABASE_URL and fails when neither is set.
+// requireDatabaseURL reads --database-url or SEQINBOX_DATABASE_URL and fails when neither is set
+// or the value is no PostgreSQL URL.
 func requireDatabaseURL(cmd *cobra.Command, p *string) error {
 	fromEnv(cmd, "database-url", envDatabaseURL, p)
 	if *p == "" {
 		return usageErrorf("--database-url or %s is required", envDatabaseURL)
 	}
-	return nil
+	return checkDatabaseURL(*p)
+}
+
+// checkDatabaseURL refuses a URL of another database than PostgreSQL, naming its scheme only
+// (the URL may hold a password). A keyword/value string (host=... dbname=...) passes, as pgx
+// reads both forms.
+func checkDatabaseURL(url string) error {
+	scheme, _, isURL := strings.Cut(url, "://")
+	if !isURL || scheme == "postgres" || scheme == "postgresql" {
+		return nil
+	}
+	return usageErrorf("--database-url %s://…: seqinbox keeps the inbox in PostgreSQL; pass postgres://USER:PASSWORD@HOST:5432/DATABASE", scheme)
 }
 
 // kafkaFromEnv is what spec.kafka's Secrets hold, from the environment, with the brokers of

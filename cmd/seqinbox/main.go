@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -87,8 +88,8 @@ func exitCode(err error) int {
 }
 
 // printError writes the error for a person: the failing command, then one error per line (an
-// aggregate of validation errors is split, one field per line), and for a usage error where to
-// find the usage.
+// aggregate of validation errors is split, one field per line; a repeated line is written once),
+// and for a usage error where to find the usage.
 func printError(w io.Writer, err error) {
 	var ce *commandError
 	if !errors.As(err, &ce) {
@@ -103,10 +104,12 @@ func printError(w io.Writer, err error) {
 		}
 		msg = strings.Join(lines, "\n")
 	}
-	lines := strings.Split(strings.TrimRight(msg, "\n"), "\n")
+	// A line the same as the one before says nothing new: pgx reports the same refused
+	// connection once per attempt (with and without TLS).
+	lines := slices.Compact(strings.Split(strings.TrimRight(msg, "\n"), "\n"))
 	_, _ = fmt.Fprintf(w, "%s: %s\n", ce.path, lines[0])
 	for _, l := range lines[1:] {
-		_, _ = fmt.Fprintf(w, "  %s\n", l)
+		_, _ = fmt.Fprintf(w, "  %s\n", strings.TrimSpace(l))
 	}
 	if ce.usage {
 		_, _ = fmt.Fprintf(w, "Run '%s --help' for usage.\n", ce.path)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -121,6 +122,24 @@ func migrateAndReport(ctx context.Context, opts migrateOptions, output, terminat
 	return runErr
 }
 
+// sqlstateInvalidSchemaName is PostgreSQL's error when no schema of search_path exists to
+// create a table in.
+const sqlstateInvalidSchemaName = "3F000"
+
+// explainMissingSchema turns PostgreSQL's "no schema has been selected to create in" into what
+// to do: the schemas of search_path do not exist.
+func explainMissingSchema(conn *pgx.Conn, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != sqlstateInvalidSchemaName {
+		return err
+	}
+	path, ok := conn.Config().RuntimeParams["search_path"]
+	if !ok {
+		path = "the server's default, \"$user\", public"
+	}
+	return fmt.Errorf("no schema of search_path (%s) exists to create the tables in: create it (CREATE SCHEMA), or name an existing one in search_path of --database-url", path)
+}
+
 // migrate applies the embedded migrations (or, for a dry run, inspects them) and reports the
 // result with the live consumers. On error the report still names this build.
 func migrate(ctx context.Context, opts migrateOptions) (migrations.Report, error) {
@@ -147,6 +166,9 @@ func migrate(ctx context.Context, opts migrateOptions) (migrations.Report, error
 		var res migrations.Result
 		res, runErr = migrations.ApplyConn(ctx, conn)
 		report.SchemaVersion, report.Applied = res.After, res.Applied
+	}
+	if runErr != nil {
+		runErr = explainMissingSchema(conn, runErr)
 	}
 	var owned *migrations.OwnedError
 	if errors.As(runErr, &owned) {
