@@ -608,7 +608,8 @@ type SequentialInboxStatus struct {
 	ReplicasReady int32 `json:"replicasReady,omitempty"`
 
 	// Probe tracks the dry-run Jobs (`seqinbox migrate --dry-run` from the target image) that
-	// learn the target's engine version and claim protocol and read the consumer registry.
+	// learn the target's engine version and claim protocol and read the consumer registry
+	// before a rollout.
 	// +optional
 	Probe *JobRunStatus `json:"probe,omitempty"`
 
@@ -616,11 +617,96 @@ type SequentialInboxStatus struct {
 	// +optional
 	Migration *JobRunStatus `json:"migration,omitempty"`
 
-	// RegistryCheck tracks the dry-run Jobs (`seqinbox migrate --dry-run` from the running image)
-	// that read the consumer registry every two minutes while the consumers run: a record a
-	// consumer has retried for more than five minutes makes the inbox Degraded (PartitionBlocked).
+	// Consumers summarises what the running consumers report to the operator: the lag, the
+	// messages waiting in the buffer, the dead letters of the last hour and each pod's
+	// partitions and blocked record. The operator reads the consumers every few seconds but
+	// writes this at most every 30 seconds, and only when a value moved beyond a small band.
 	// +optional
-	RegistryCheck *JobRunStatus `json:"registryCheck,omitempty"`
+	Consumers *ConsumersStatus `json:"consumers,omitempty"`
+}
+
+// ConsumersStatus is what the running consumers last reported, summarised for the inbox and per
+// consumer pod. The counts are read from the consumers, never from the database.
+type ConsumersStatus struct {
+	// UpdatedAt is when the operator last wrote this summary.
+	UpdatedAt metav1.Time `json:"updatedAt"`
+
+	// Lag is the records not processed yet, summed over every partition the consumers hold.
+	Lag int64 `json:"lag"`
+
+	// WaitingMessages is the messages WAITING for their predecessors, database-wide, as the
+	// consumer that leads housekeeping counts them; absent while no consumer leads it.
+	// +optional
+	WaitingMessages *int64 `json:"waitingMessages,omitempty"`
+
+	// OldestWaitingSince is about when the oldest WAITING message arrived; absent while none waits.
+	// +optional
+	OldestWaitingSince *metav1.Time `json:"oldestWaitingSince,omitempty"`
+
+	// InstancesExpiringSoon is the open sequence instances whose retention ends within
+	// spec.housekeeping's window, database-wide; absent while no consumer leads housekeeping.
+	// +optional
+	InstancesExpiringSoon *int64 `json:"instancesExpiringSoon,omitempty"`
+
+	// DeadLettersLastHour is the records the running consumers dead-lettered in the last hour
+	// (since they started, when that is less).
+	DeadLettersLastHour int64 `json:"deadLettersLastHour"`
+
+	// Pods is what each consumer pod reported.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Pods []ConsumerPodStatus `json:"pods,omitempty"`
+}
+
+// ConsumerPodStatus is what one consumer pod reported.
+type ConsumerPodStatus struct {
+	// Name is the pod's name, which is also the consumer's instance ID.
+	Name string `json:"name"`
+
+	// Ready is the consumer's own readiness; Reason says why it is not ready.
+	Ready bool `json:"ready"`
+
+	// Reason says why the consumer is not ready.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Reason string `json:"reason,omitempty"`
+
+	// Partitions lists the partitions the consumer holds, per topic: `orders[0,3] refunds[1]`.
+	// +optional
+	Partitions string `json:"partitions,omitempty"`
+
+	// Lag is the records not processed yet on the consumer's partitions.
+	Lag int64 `json:"lag"`
+
+	// Blocked is the record the consumer has retried longest after infrastructure errors;
+	// absent while it retries none. The inbox is Degraded (PartitionBlocked) once a record is
+	// retried for longer than five minutes.
+	// +optional
+	Blocked *BlockedRecord `json:"blocked,omitempty"`
+
+	// Unreachable says why the operator could not read the consumer's state at its last try;
+	// the rest of the entry is then from the last read that succeeded, if any.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Unreachable string `json:"unreachable,omitempty"`
+}
+
+// BlockedRecord is a record a consumer retries after infrastructure errors; the records behind
+// it on its partition wait, and its offset is not committed.
+type BlockedRecord struct {
+	// Topic and Partition name the partition the record holds back.
+	Topic string `json:"topic"`
+	// Partition is the record's partition of Topic.
+	Partition int32 `json:"partition"`
+	// Offset is the record's offset.
+	Offset int64 `json:"offset"`
+	// Since is the record's first failed attempt.
+	Since metav1.Time `json:"since"`
+	// Error is the last attempt's error (never the record's payload).
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Error string `json:"error,omitempty"`
 }
 
 // JobRunStatus tracks the Jobs that the operator runs from the target image for one purpose, so
@@ -676,6 +762,10 @@ type JobRunStatus struct {
 // +kubebuilder:printcolumn:name="Schema",type=integer,JSONPath=`.status.schemaVersion`
 // +kubebuilder:printcolumn:name="Running",type=string,JSONPath=`.status.runningEngineVersion`
 // +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.status.targetEngineVersion`
+// +kubebuilder:printcolumn:name="Lag",type=integer,JSONPath=`.status.consumers.lag`
+// +kubebuilder:printcolumn:name="Waiting",type=integer,JSONPath=`.status.consumers.waitingMessages`
+// +kubebuilder:printcolumn:name="Oldest-Waiting",type=date,JSONPath=`.status.consumers.oldestWaitingSince`,priority=1
+// +kubebuilder:printcolumn:name="Dead-Letters",type=integer,JSONPath=`.status.consumers.deadLettersLastHour`,priority=1
 // +kubebuilder:printcolumn:name="Blocked",type=string,JSONPath=`.status.conditions[?(@.type=="RolloutBlocked")].status`,priority=1
 // +kubebuilder:printcolumn:name="Valid",type=string,JSONPath=`.status.conditions[?(@.type=="ConfigValid")].status`,priority=1
 // +kubebuilder:printcolumn:name="Schema-Ready",type=string,JSONPath=`.status.conditions[?(@.type=="SchemaReady")].status`,priority=1

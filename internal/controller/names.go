@@ -33,9 +33,6 @@ const (
 	componentMigration = "migration"
 	// componentAction: the Jobs that record the operator actions of SequentialInboxAction resources.
 	componentAction = "action"
-	// componentRegistryCheck: the Jobs that read the consumer registry while the consumers run
-	// (short: attempts count up for as long as the consumers run, and a Job name has 63 characters).
-	componentRegistryCheck = "check"
 )
 
 // Annotations the operator writes; the pod template's engine annotations are how a later pass
@@ -81,6 +78,9 @@ func deploymentName(inbox *v1alpha1.SequentialInbox) string { return inbox.Name 
 func metricsServiceName(inbox *v1alpha1.SequentialInbox) string { return inbox.Name + "-metrics" }
 
 func pdbName(inbox *v1alpha1.SequentialInbox) string { return inbox.Name + "-consumer" }
+
+// stateSecretName names the Secret of the credentials the consumers serve their state with.
+func stateSecretName(inbox *v1alpha1.SequentialInbox) string { return inbox.Name + "-consumer-state" }
 
 // configMapName names the immutable ConfigMap of one rendered configuration: a new configuration
 // is a new ConfigMap, so running pods keep theirs until the rollout replaces them.

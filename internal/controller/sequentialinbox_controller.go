@@ -40,7 +40,7 @@ import (
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Options configure a Reconciler; zero values take the defaults.
@@ -53,12 +53,13 @@ type Options struct {
 	Clock clock.PassiveClock
 	// RetryBase is the wait after a failed Job, doubled per further failure up to RetryMax.
 	RetryBase, RetryMax time.Duration
-	// PollInterval is how often what no watch reports (Kafka group, registry, Secrets) is read again.
+	// PollInterval is how often what no watch reports (Kafka group, Secrets) is read again.
 	PollInterval time.Duration
-	// RegistryCheckInterval is how often a Job reads the consumer registry while the consumers
-	// run; BlockedThreshold is how long a consumer may retry a record before the inbox is
-	// Degraded (PartitionBlocked). Defaults two and five minutes.
-	RegistryCheckInterval, BlockedThreshold time.Duration
+	// StatePollInterval is how often the operator reads the state of each running consumer;
+	// StatusWriteInterval is the least time between two writes of status.consumers;
+	// BlockedThreshold is how long a consumer may retry a record before the inbox is Degraded
+	// (PartitionBlocked). Defaults 10 seconds, 30 seconds and five minutes.
+	StatePollInterval, StatusWriteInterval, BlockedThreshold time.Duration
 	// MaxConcurrentReconciles is how many inboxes are reconciled at once; default 4 (a pass
 	// mostly waits for the API server and Kafka).
 	MaxConcurrentReconciles int
@@ -72,6 +73,8 @@ type Reconciler struct {
 	APIReader client.Reader
 	Recorder  events.EventRecorder
 	Options
+	// reads is what the operator last read from the consumers of each inbox.
+	reads consumerReads
 }
 
 // NewReconciler builds a Reconciler from its dependencies, filling in default options.
@@ -91,8 +94,11 @@ func NewReconciler(c client.Client, apiReader client.Reader, recorder events.Eve
 	if opts.PollInterval == 0 {
 		opts.PollInterval = 10 * time.Second
 	}
-	if opts.RegistryCheckInterval == 0 {
-		opts.RegistryCheckInterval = 2 * time.Minute
+	if opts.StatePollInterval == 0 {
+		opts.StatePollInterval = 10 * time.Second
+	}
+	if opts.StatusWriteInterval == 0 {
+		opts.StatusWriteInterval = 30 * time.Second
 	}
 	if opts.BlockedThreshold == 0 {
 		opts.BlockedThreshold = 5 * time.Minute
@@ -168,6 +174,9 @@ type phaseFunc func(ctx context.Context, s *scope) (phaseResult, error)
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
 	inbox := &v1alpha1.SequentialInbox{}
 	if err := r.Client.Get(ctx, req.NamespacedName, inbox); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.reads.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	deleting := !inbox.DeletionTimestamp.IsZero()
@@ -206,7 +215,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 // reconcilePhases is the inner reconcile: the phases in order, each of which lets the pass go
 // on, stops it to wait, or fails it. The generation counts as observed only when every phase ran.
 func (r *Reconciler) reconcilePhases(ctx context.Context, s *scope) (ctrl.Result, error) {
-	phases := []phaseFunc{r.validate, r.renderConfig, r.probeTarget, r.gateRollout, r.migrateSchema, r.planReplicas, r.ensureWorkload, r.watchGroup, r.checkRegistry}
+	phases := []phaseFunc{r.validate, r.renderConfig, r.probeTarget, r.gateRollout, r.migrateSchema, r.planReplicas, r.ensureWorkload, r.watchGroup, r.readConsumers}
 	for _, phase := range phases {
 		res, err := phase(ctx, s)
 		if err != nil {
@@ -264,6 +273,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 		return ctrl.Result{}, fmt.Errorf("remove finalizer: %w", err)
 	}
 	s.finalized = true
+	r.reads.forget(client.ObjectKeyFromObject(s.inbox))
 	forgetConditions(s.inbox)
 	r.event(s.inbox, corev1.EventTypeNormal, "ConsumersStopped", "Delete", "The consumers stopped; the database and its contents stay")
 	return ctrl.Result{}, nil

@@ -28,13 +28,17 @@ const (
 	consumerContainer = "consumer"
 	metricsPort       = 8080
 	healthPort        = 8081
-	kafkaCAFile       = "kafka-ca.crt"
-	kafkaCertFile     = "kafka-client.crt"
-	kafkaKeyFile      = "kafka-client.key"
-	sinkCAFile        = "sink-ca.crt"
-	sinkCertFile      = "sink-client.crt"
-	sinkKeyFile       = "sink-client.key"
-	sinkTokenFile     = "sink-token"
+	// statePort serves the consumer's state to the operator (HTTPS), from the credentials in stateDir.
+	statePort     = 8443
+	statePortName = "state"
+	stateDir      = "/etc/seqinbox-state"
+	kafkaCAFile   = "kafka-ca.crt"
+	kafkaCertFile = "kafka-client.crt"
+	kafkaKeyFile  = "kafka-client.key"
+	sinkCAFile    = "sink-ca.crt"
+	sinkCertFile  = "sink-client.crt"
+	sinkKeyFile   = "sink-client.key"
+	sinkTokenFile = "sink-token"
 	// runAsUser is the distroless "nonroot" user the image runs as.
 	runAsUser = 65532
 	// shutdownMargin is added to maxPollIntervalMs for the termination grace period: a consumer
@@ -47,6 +51,9 @@ const (
 func (r *Reconciler) ensureWorkload(ctx context.Context, s *scope) (phaseResult, error) {
 	owner, err := r.controllerRef(s.inbox)
 	if err != nil {
+		return proceed, err
+	}
+	if err := r.ensureStateCredentials(ctx, s); err != nil {
 		return proceed, err
 	}
 	deployment := consumerDeployment(s).WithOwnerReferences(owner)
@@ -149,11 +156,14 @@ func consumerPodSpec(s *scope) *corev1ac.PodSpecApplyConfiguration {
 		WithArgs("consume", "-f", configPath,
 			"--health-probe-bind-address", fmt.Sprintf(":%d", healthPort),
 			"--metrics-bind-address", fmt.Sprintf(":%d", metricsPort),
+			"--state-bind-address", fmt.Sprintf(":%d", statePort),
+			"--state-credentials-dir", stateDir,
 			"--instance-id", "$(POD_NAME)").
 		WithEnv(consumerEnv(inbox)...).
 		WithPorts(
 			corev1ac.ContainerPort().WithName("metrics").WithContainerPort(metricsPort).WithProtocol(corev1.ProtocolTCP),
-			corev1ac.ContainerPort().WithName("health").WithContainerPort(healthPort).WithProtocol(corev1.ProtocolTCP)).
+			corev1ac.ContainerPort().WithName("health").WithContainerPort(healthPort).WithProtocol(corev1.ProtocolTCP),
+			corev1ac.ContainerPort().WithName(statePortName).WithContainerPort(statePort).WithProtocol(corev1.ProtocolTCP)).
 		WithLivenessProbe(corev1ac.Probe().
 			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromString("health"))).
 			WithPeriodSeconds(10).
@@ -165,6 +175,7 @@ func consumerPodSpec(s *scope) *corev1ac.PodSpecApplyConfiguration {
 		WithResources(resourceRequirements(consumerResources(inbox))).
 		WithVolumeMounts(
 			corev1ac.VolumeMount().WithName("config").WithMountPath(configDir).WithReadOnly(true),
+			corev1ac.VolumeMount().WithName(statePortName).WithMountPath(stateDir).WithReadOnly(true),
 			corev1ac.VolumeMount().WithName("tmp").WithMountPath("/tmp"))
 	return hardenedPod(inbox, consumer).
 		WithTerminationGracePeriodSeconds(int64(inbox.Spec.Kafka.MaxPollIntervalMs/1000)+shutdownMargin).
@@ -177,6 +188,9 @@ func consumerPodSpec(s *scope) *corev1ac.PodSpecApplyConfiguration {
 			corev1ac.Volume().WithName("config").WithProjected(corev1ac.ProjectedVolumeSource().
 				WithDefaultMode(0o440).
 				WithSources(configSources(s)...)),
+			corev1ac.Volume().WithName(statePortName).WithSecret(corev1ac.SecretVolumeSource().
+				WithSecretName(stateSecretName(inbox)).
+				WithDefaultMode(0o440)),
 			corev1ac.Volume().WithName("tmp").WithEmptyDir(corev1ac.EmptyDirVolumeSource().WithSizeLimit(resource.MustParse("64Mi"))))
 }
 

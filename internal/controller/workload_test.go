@@ -70,7 +70,8 @@ func TestConsumerContainerRunsTheRenderedManifestWithProbesAndMetrics(t *testing
 	s := renderScope()
 	d := consumerDeployment(s)
 	c := d.Spec.Template.Spec.Containers[0]
-	wantArgs := []string{"consume", "-f", "/etc/seqinbox/inbox.yaml", "--health-probe-bind-address", ":8081", "--metrics-bind-address", ":8080", "--instance-id", "$(POD_NAME)"}
+	wantArgs := []string{"consume", "-f", "/etc/seqinbox/inbox.yaml", "--health-probe-bind-address", ":8081", "--metrics-bind-address", ":8080",
+		"--state-bind-address", ":8443", "--state-credentials-dir", "/etc/seqinbox-state", "--instance-id", "$(POD_NAME)"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("args = %q, want %q", c.Args, wantArgs)
 	}

@@ -154,6 +154,10 @@ func TestInstallBundleIsAcceptedAndItsRBACRunsTheOperator(t *testing.T) {
 		{authorizationv1.ResourceAttributes{Verb: "get", Resource: "secrets", Namespace: "shop"}, true},
 		{authorizationv1.ResourceAttributes{Verb: "list", Resource: "secrets", Namespace: "shop"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "watch", Resource: "secrets", Namespace: "shop"}, false},
+		// The consumer state credentials: created once, never changed or deleted by the operator.
+		{authorizationv1.ResourceAttributes{Verb: "create", Resource: "secrets", Namespace: "shop"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "update", Resource: "secrets", Namespace: "shop"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "delete", Resource: "secrets", Namespace: "shop"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "delete", Group: "apps", Resource: "deployments", Namespace: "shop"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "update", Group: "inbox.seqinbox.dev", Resource: "sequentialinboxes", Namespace: "shop"}, false},
 		{authorizationv1.ResourceAttributes{Verb: "create", Resource: "pods", Namespace: "shop"}, false},

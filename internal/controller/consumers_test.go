@@ -1,0 +1,324 @@
+package controller
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/consumerstate"
+)
+
+// stateServer is a consumer pod's state endpoint, played by the real server of internal/
+// consumerstate on the loopback interface with the credentials of a Secret, as a consumer serves
+// it from the Secret mounted into its pod; the test sets the state it serves.
+type stateServer struct {
+	dir  string
+	addr string
+
+	mu    sync.Mutex
+	state consumerstate.State
+	reads int
+}
+
+func (s *stateServer) set(edit func(*consumerstate.State)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	edit(&s.state)
+}
+
+func (s *stateServer) readCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reads
+}
+
+// mount writes a credentials Secret's data where the server reads its files, as the kubelet
+// updates a mounted Secret.
+func (s *stateServer) mount(t *testing.T, data map[string][]byte) {
+	t.Helper()
+	for k, v := range data {
+		if err := os.WriteFile(filepath.Join(s.dir, k), v, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// serveState starts a state endpoint with the given credentials.
+func serveState(t *testing.T, data map[string][]byte, state consumerstate.State) *stateServer {
+	t.Helper()
+	s := &stateServer{dir: t.TempDir(), state: state}
+	s.mount(t, data)
+	files := consumerstate.Files{Dir: s.dir}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.addr = ln.Addr().String()
+	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, ErrorLog: log.New(io.Discard, "", 0), Handler: files.Handler(func(context.Context) consumerstate.State {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.reads++
+		return s.state
+	})}
+	go func() { _ = srv.Serve(tls.NewListener(ln, files.TLSConfig())) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return s
+}
+
+// credentials returns the data of the inbox's consumer state Secret, which the operator created.
+func (h *harness) credentials(name string) map[string][]byte {
+	h.t.Helper()
+	var secret corev1.Secret
+	h.must(k8s.Get(h.ctx, client.ObjectKey{Namespace: h.ns, Name: name + "-consumer-state"}, &secret))
+	return secret.Data
+}
+
+// startReadablePod plays the ReplicaSet controller and the kubelet: a running consumer pod of the
+// inbox whose state port is the server's.
+func (h *harness) startReadablePod(name, pod string, srv *stateServer) {
+	h.t.Helper()
+	_, portText, _ := net.SplitHostPort(srv.addr)
+	port, _ := strconv.Atoi(portText)
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: h.ns, Labels: objectLabels(h.get(name), componentConsumer)},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: consumerContainer, Image: imageV1,
+			Ports: []corev1.ContainerPort{{Name: statePortName, ContainerPort: int32(port)}}}}},
+	}
+	h.must(k8s.Create(h.ctx, p))
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "127.0.0.1", PodIPs: []corev1.PodIP{{IP: "127.0.0.1"}}}
+	h.must(k8s.Status().Update(h.ctx, p))
+}
+
+// consumerState is a ready consumer of the test build holding the partitions with their lag.
+func consumerState(pod string, lag ...int64) consumerstate.State {
+	st := consumerstate.State{Instance: pod, Ready: true, EngineVersion: "v1.0.0", ClaimProtocol: "insert-first-v1"}
+	for i, l := range lag {
+		st.Partitions = append(st.Partitions, consumerstate.Partition{Topic: "orders", Partition: int32(i), Lag: l})
+	}
+	return st
+}
+
+// allJobs lists every Job of the test's namespace.
+func (h *harness) allJobs() []batchv1.Job {
+	h.t.Helper()
+	var jobs batchv1.JobList
+	h.must(k8s.List(h.ctx, &jobs, client.InNamespace(h.ns)))
+	return jobs.Items
+}
+
+func TestConsumersServeTheirStateWithCredentialsTheOperatorMadeAndMountedIntoTheirPods(t *testing.T) {
+	h := newHarness(t)
+	h.create("orders", nil)
+	h.bringUp("orders")
+	data := h.credentials("orders")
+	if _, err := consumerstate.NewClient(data, time.Second); err != nil || len(data[consumerstate.KeyKey]) == 0 {
+		t.Fatalf("consumer state Secret %v: %v", mapKeys(data), err)
+	}
+	pod := h.deployment("orders").Spec.Template.Spec
+	c := pod.Containers[0]
+	args := strings.Join(c.Args, " ")
+	if !strings.Contains(args, "--state-bind-address :8443") || !strings.Contains(args, "--state-credentials-dir "+stateDir) {
+		t.Errorf("consumer args %q do not serve the state", args)
+	}
+	var mounted bool
+	for _, v := range pod.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == "orders-consumer-state" {
+			mounted = true
+		}
+	}
+	if !mounted {
+		t.Errorf("the pods do not mount orders-consumer-state: %+v", pod.Volumes)
+	}
+	// A second pass keeps the credentials: the running pods hold them.
+	h.reconcile("orders")
+	if again := h.credentials("orders"); string(again[consumerstate.TokenKey]) != string(data[consumerstate.TokenKey]) {
+		t.Fatalf("the credentials changed on a second pass")
+	}
+}
+
+func TestARecordRetriedPastTheThresholdDegradesTheInboxAtTheNextReadAndClearsAtTheOneAfter(t *testing.T) {
+	h := newHarness(t)
+	h.create("orders", nil)
+	h.bringUp("orders")
+	jobsBefore := len(h.allJobs())
+	data := h.credentials("orders")
+	s0 := serveState(t, data, consumerState("orders-consumer-0", 5, 7))
+	s1 := serveState(t, data, consumerState("orders-consumer-1", 0, 0))
+	h.startReadablePod("orders", "orders-consumer-0", s0)
+	h.startReadablePod("orders", "orders-consumer-1", s1)
+	h.reconcile("orders")
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.AsExpectedReason)
+
+	// The record crosses the threshold 5s after this read: the next read, one StatePollInterval
+	// later, names it.
+	since := h.clock.Now().Add(-h.r.BlockedThreshold + 5*time.Second)
+	s0.set(func(st *consumerstate.State) {
+		st.Blocked = &consumerstate.Blocked{Topic: "orders", Partition: 1, Offset: 1234, Since: since,
+			Error: "claim OrderCreated/o-1: ERROR: out of resources (SQLSTATE 53000)"}
+	})
+	h.clock.Step(h.r.StatePollInterval)
+	h.reconcile("orders")
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.PartitionBlockedReason,
+		"orders-consumer-0", "offset 1234", "orders[1]", "SQLSTATE 53000", since.UTC().Format(time.RFC3339))
+	h.expectCondition("orders", v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ConsumersReadyReason)
+	if notes := h.events("orders", v1alpha1.PartitionBlockedReason); len(notes) != 1 {
+		t.Errorf("PartitionBlocked events %q, want one", notes)
+	}
+	// While it stays blocked the condition does not change, so the status is not written again.
+	rv := h.get("orders").ResourceVersion
+	h.clock.Step(h.r.StatePollInterval)
+	h.reconcile("orders")
+	if got := h.get("orders").ResourceVersion; got != rv {
+		t.Errorf("status written again while the same record stays blocked")
+	}
+
+	s0.set(func(st *consumerstate.State) { st.Blocked = nil })
+	h.clock.Step(h.r.StatePollInterval)
+	h.reconcile("orders")
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.AsExpectedReason)
+	if jobs := h.allJobs(); len(jobs) != jobsBefore {
+		t.Errorf("Jobs %v after bring-up, want only the %d of the bring-up", jobNames(jobs), jobsBefore)
+	}
+}
+
+func TestTheSummaryShowsTheConsumersAndIsWrittenAtMostEvery30sAndOnlyBeyondItsBand(t *testing.T) {
+	h := newHarness(t)
+	h.create("orders", nil)
+	h.bringUp("orders")
+	data := h.credentials("orders")
+	s0 := serveState(t, data, consumerState("orders-consumer-0", 5, 7))
+	leader := consumerState("orders-consumer-1", 0, 100)
+	leader.DeadLettersLastHour = 2
+	leader.Database = &consumerstate.Database{WaitingByType: map[string]int64{"OrderPaid": 3, "InvoicePaid": 1},
+		OldestWaitingSeconds: 120, InstancesExpiringSoon: 4}
+	s1 := serveState(t, data, leader)
+	h.startReadablePod("orders", "orders-consumer-0", s0)
+	h.startReadablePod("orders", "orders-consumer-1", s1)
+	// The summary of the bring-up (no pod yet) was just written: the next comes 30s later.
+	h.clock.Step(h.r.StatusWriteInterval)
+	t0 := h.clock.Now()
+	h.reconcile("orders")
+
+	sum := h.get("orders").Status.Consumers
+	if sum == nil {
+		t.Fatal("no status.consumers")
+	}
+	if sum.Lag != 112 || sum.WaitingMessages == nil || *sum.WaitingMessages != 4 || sum.DeadLettersLastHour != 2 ||
+		sum.InstancesExpiringSoon == nil || *sum.InstancesExpiringSoon != 4 ||
+		sum.OldestWaitingSince == nil || !sum.OldestWaitingSince.Time.Equal(t0.Add(-2*time.Minute)) || !sum.UpdatedAt.Time.Equal(t0) {
+		t.Fatalf("status.consumers %+v, want lag 112, 4 waiting since %s, 2 dead letters, 4 expiring, updated %s", sum, t0.Add(-2*time.Minute), t0)
+	}
+	if len(sum.Pods) != 2 || sum.Pods[0].Name != "orders-consumer-0" || sum.Pods[0].Partitions != "orders[0,1]" || sum.Pods[0].Lag != 12 ||
+		sum.Pods[1].Partitions != "orders[0,1]" || sum.Pods[1].Lag != 100 || !sum.Pods[1].Ready {
+		t.Fatalf("status.consumers.pods %+v", sum.Pods)
+	}
+
+	// A lag that moved beyond the band is written only 30s after the last write.
+	s0.set(func(st *consumerstate.State) { st.Partitions[0].Lag = 500 })
+	h.clock.Step(h.r.StatePollInterval)
+	h.reconcile("orders")
+	if got := h.get("orders").Status.Consumers; got.Lag != 112 || !got.UpdatedAt.Time.Equal(t0) {
+		t.Fatalf("status.consumers written %s after the last write (lag %d)", h.clock.Since(t0), got.Lag)
+	}
+	h.clock.Step(h.r.StatusWriteInterval - h.r.StatePollInterval)
+	h.reconcile("orders")
+	t1 := h.clock.Now()
+	if got := h.get("orders").Status.Consumers; got.Lag != 607 || !got.UpdatedAt.Time.Equal(t1) {
+		t.Fatalf("status.consumers lag %d updated %s, want 607 at %s", got.Lag, got.UpdatedAt, t1)
+	}
+
+	// Ten minutes of reads in which the values wobble within their band and the oldest message
+	// ages as it waits: no write, no Job.
+	rv, jobs, reads := h.get("orders").ResourceVersion, len(h.allJobs()), s0.readCount()
+	for i := range 60 {
+		h.clock.Step(h.r.StatePollInterval)
+		s0.set(func(st *consumerstate.State) { st.Partitions[0].Lag = 500 + int64(i%5) })
+		s1.set(func(st *consumerstate.State) {
+			st.Database.OldestWaitingSeconds = (h.clock.Since(t0) + 2*time.Minute).Seconds()
+		})
+		if res := h.reconcile("orders"); res.RequeueAfter <= 0 || res.RequeueAfter > h.r.StatePollInterval {
+			t.Fatalf("pass requeues after %s, want at most the state poll interval %s", res.RequeueAfter, h.r.StatePollInterval)
+		}
+	}
+	if got := h.get("orders").ResourceVersion; got != rv {
+		t.Errorf("the inbox was written during ten minutes of values within their band: %+v", h.get("orders").Status.Consumers)
+	}
+	if got := len(h.allJobs()); got != jobs {
+		t.Errorf("%d Jobs created during ten minutes of steady state, want none", got-jobs)
+	}
+	if got := s0.readCount() - reads; got != 60 {
+		t.Errorf("the consumer was read %d times in 60 poll intervals, want 60", got)
+	}
+	// Passes between two poll intervals (pod events) do not read the consumers again.
+	for range 5 {
+		h.reconcile("orders")
+	}
+	if got := s0.readCount() - reads; got != 60 {
+		t.Errorf("the consumer was read %d times in 60 poll intervals and 5 passes between them, want 60", got)
+	}
+}
+
+func TestOnlyTheInboxsCredentialsReadItsConsumersAndNewOnesAreReadAfterARefusal(t *testing.T) {
+	h := newHarness(t)
+	h.create("orders", nil)
+	h.bringUp("orders")
+	foreign, err := consumerstate.NewCredentials(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A pod that serves another inbox's certificate is refused, and its blocked record counts for nothing.
+	impostor := consumerState("orders-consumer-0", 1)
+	impostor.Blocked = &consumerstate.Blocked{Topic: "orders", Partition: 0, Since: h.clock.Now().Add(-time.Hour), Error: "fake"}
+	s0 := serveState(t, foreign, impostor)
+	h.startReadablePod("orders", "orders-consumer-0", s0)
+	h.clock.Step(h.r.StatusWriteInterval)
+	h.reconcile("orders")
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.AsExpectedReason)
+	sum := h.get("orders").Status.Consumers
+	if len(sum.Pods) != 1 || !strings.Contains(sum.Pods[0].Unreachable, "certificate") || sum.Pods[0].Blocked != nil {
+		t.Fatalf("status.consumers.pods %+v, want the pod unreachable for its certificate", sum.Pods)
+	}
+	if s0.readCount() != 0 {
+		t.Fatalf("the impostor's state handler ran %d times; the operator must not send it the token", s0.readCount())
+	}
+
+	// New credentials (the Secret deleted and made again) reach the pods' files; the operator,
+	// refused meanwhile, reads the new Secret and then the pod.
+	h.must(k8s.Delete(h.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "orders-consumer-state", Namespace: h.ns}}))
+	h.clock.Step(h.r.StatePollInterval)
+	h.reconcile("orders")
+	fresh := h.credentials("orders")
+	s0.mount(t, fresh)
+	h.clock.Step(h.r.StatePollInterval)
+	h.reconcile("orders")
+	h.clock.Step(h.r.StatusWriteInterval)
+	h.reconcile("orders")
+	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.PartitionBlockedReason, "orders-consumer-0")
+	if sum := h.get("orders").Status.Consumers; sum.Pods[0].Unreachable != "" || sum.Pods[0].Blocked == nil {
+		t.Fatalf("status.consumers.pods %+v, want the pod read with the new credentials", sum.Pods)
+	}
+}
+
+func mapKeys(m map[string][]byte) []string {
+	var keys []string
+	for k := range m {
+		keys = append(keys, k)
+	}
+	return keys
+}
