@@ -75,8 +75,8 @@ func docCommands(t *testing.T) []docCommand {
 }
 
 // TestEveryCommandOfTheDocsIsAccepted checks each command line the README and docs/ show: a
-// `seqinbox` line must be accepted by this build's command tree exactly as written (command,
-// flags, flag values, arguments), a `make` line must name a target of the Makefile, a `kubectl`
+// `seqinbox` (or `bin/seqinbox`, and with -tags dev `bin/seqinbox-dev`) line must be accepted by
+// this build's command tree exactly as written (command, flags, flag values, arguments), a `make` line must name a target of the Makefile, a `kubectl`
 // line may only name the resources, conditions and annotation of this API, a `go test` line must
 // name packages and benchmarks that exist, and `export NAME=$(script)` a script of the repository.
 func TestEveryCommandOfTheDocsIsAccepted(t *testing.T) {
@@ -95,7 +95,15 @@ func TestEveryCommandOfTheDocsIsAccepted(t *testing.T) {
 	}
 	for _, c := range cmds {
 		switch c.words[0] {
-		case "seqinbox":
+		case "seqinbox", "bin/seqinbox":
+			if err := acceptedBySeqinbox(c.words[1:]); err != nil {
+				t.Errorf("%s: %s: %v", c.where, strings.Join(c.words, " "), err)
+			}
+		case "bin/seqinbox-dev":
+			// The development commands exist in a build with -tags dev (make test runs one).
+			if len(devCommands()) == 0 {
+				continue
+			}
 			if err := acceptedBySeqinbox(c.words[1:]); err != nil {
 				t.Errorf("%s: %s: %v", c.where, strings.Join(c.words, " "), err)
 			}
@@ -131,12 +139,18 @@ func checkExport(t *testing.T, c docCommand, root string) {
 }
 
 // checkGoTest accepts `go test` lines whose packages exist and whose -bench pattern names a
-// benchmark of them.
+// benchmark of them, and `go build` lines of ./cmd/seqinbox.
 func checkGoTest(t *testing.T, c docCommand, root string) {
 	t.Helper()
 	line := strings.Join(c.words, " ")
+	if len(c.words) >= 2 && c.words[1] == "build" {
+		if c.words[len(c.words)-1] != "./cmd/seqinbox" {
+			t.Errorf("%s: %s: only go build of ./cmd/seqinbox is checked", c.where, line)
+		}
+		return
+	}
 	if len(c.words) < 2 || c.words[1] != "test" {
-		t.Errorf("%s: %s: only go test is checked", c.where, line)
+		t.Errorf("%s: %s: only go test and go build are checked", c.where, line)
 		return
 	}
 	var pkgs []string
