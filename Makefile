@@ -70,6 +70,10 @@ envtest: ## Build (once, about ten minutes) or find kube-apiserver and etcd for 
 postgres: ## Find or start the PostgreSQL server the tests use and print its URL.
 	@hack/postgres.sh
 
+.PHONY: pgbouncer
+pgbouncer: ## Find or start PgBouncer (transaction pooling) in front of that server and print a URL through it.
+	@hack/pgbouncer.sh
+
 .PHONY: test
 test: verify vet lint envtest ## Run every test against real PostgreSQL, envtest and kfake (includes verify and lint).
 	SEQINBOX_TEST_DATABASE_URL="$$(hack/postgres.sh)" KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" \
