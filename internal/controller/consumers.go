@@ -16,8 +16,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
@@ -29,30 +31,46 @@ import (
 // as CloudNativePG's operator reads its instance managers: each consumer pod serves its state
 // over HTTPS on the state port (internal/consumerstate), with a certificate and a token that the
 // operator generated for the inbox and keeps in a Secret mounted into the pods. No pod is started
-// to ask, and the operator never talks SQL. The operator reads every consumer pod of a running
-// inbox every StatePollInterval; a record retried for longer than BlockedThreshold is named in
-// Degraded (PartitionBlocked) at once, while the summary in status.consumers is written at most
-// every StatusWriteInterval, and only when a value moved beyond its band (summaryMoved).
+// to ask, and the operator never talks SQL.
+//
+// The reads run apart from the reconcile passes: a poller (pollConsumers, every
+// StatePollInterval) reads every consumer pod that the last pass of each running inbox listed,
+// and asks for a pass only when the pass would write something: a record crossed BlockedThreshold
+// or stopped being retried (Degraded PartitionBlocked), or the summary in status.consumers is due
+// (at most every StatusWriteInterval, and only when a value moved beyond its band). A steady
+// inbox costs reads of its pods and nothing else: no pass, no Job, no write.
 
 // stateReadTimeout bounds the read of one consumer's state.
 const stateReadTimeout = 3 * time.Second
 
-// consumerReads are the operator's in-memory record of what it last read from the consumers of
-// each inbox: when, with which credentials, and each pod's last state. It bounds the reads to
-// one per StatePollInterval per inbox whatever the rate of reconcile passes; lost on a restart,
-// it is read anew.
+// credentialsRecheck is how often a pass checks that the credentials Secret still exists.
+const credentialsRecheck = 5 * time.Minute
+
+// pollParallelism bounds the inboxes whose consumers are read at once.
+const pollParallelism = 8
+
+// consumerReads are the operator's in-memory record, per inbox, of what its last pass listed and
+// reported and of what the poller last read. It is lost on a restart and read anew.
 type consumerReads struct {
 	mu      sync.Mutex
 	inboxes map[types.NamespacedName]*inboxReads
 }
 
-// inboxReads is what the operator last read from the consumers of one inbox.
+// inboxReads is the record of one inbox; consumerReads.mu guards it.
 type inboxReads struct {
+	// targets are the consumer pods to read (name to address), as the last pass listed them.
+	targets map[string]string
 	// client holds the inbox's credentials; nil until read from the Secret, and again after a
-	// consumer refused them.
-	client *consumerstate.Client
-	readAt time.Time
-	pods   map[string]*podRead
+	// consumer refused them. credentialsAt is when a pass last made sure that the Secret exists.
+	client        *consumerstate.Client
+	credentialsAt time.Time
+	readAt        time.Time
+	pods          map[string]*podRead
+	// blocked and summary are what the last pass reported (reported): the Degraded verdict on
+	// blocked records and status.consumers.
+	reported bool
+	blocked  string
+	summary  *v1alpha1.ConsumersStatus
 }
 
 // podRead is the last read of one consumer pod: the state of the last successful read, and the
@@ -63,7 +81,7 @@ type podRead struct {
 	err    error
 }
 
-// forget drops what was read from an inbox's consumers (stopped or deleted).
+// forget drops the record of an inbox (stopped or deleted).
 func (c *consumerReads) forget(key types.NamespacedName) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -73,10 +91,8 @@ func (c *consumerReads) forget(key types.NamespacedName) {
 	delete(c.inboxes, key)
 }
 
-// of returns the record of one inbox, creating it.
-func (c *consumerReads) of(key types.NamespacedName) *inboxReads {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// ofLocked returns the record of one inbox, creating it; the caller holds c.mu.
+func (c *consumerReads) ofLocked(key types.NamespacedName) *inboxReads {
 	if c.inboxes == nil {
 		c.inboxes = map[types.NamespacedName]*inboxReads{}
 	}
@@ -88,108 +104,185 @@ func (c *consumerReads) of(key types.NamespacedName) *inboxReads {
 	return in
 }
 
-// readConsumers reads the state of the running consumers (once per StatePollInterval, and at
-// once when a new pod runs),
-// names their blocked records in Degraded and writes the summary. It never stops the pass: a
-// consumer that cannot be read is named in the summary, and its last state stands for a while.
-func (r *Reconciler) readConsumers(ctx context.Context, s *scope) (phaseResult, error) {
+// reportConsumers lists the consumer pods for the poller to read, names in Degraded the records
+// retried for longer than BlockedThreshold, and writes the summary when it is due. It reads no
+// consumer itself and never stops the pass.
+func (r *Reconciler) reportConsumers(_ context.Context, s *scope) (phaseResult, error) {
 	key := client.ObjectKeyFromObject(s.inbox)
 	if desiredReplicas(s.deployment) == 0 && len(s.consumerPods) == 0 {
 		r.reads.forget(key)
 		s.inbox.Status.Consumers = nil
 		return proceed, nil
 	}
-	s.recheckAfter(r.StatePollInterval)
-	in := r.reads.of(key)
-	if s.now.Sub(in.readAt) >= r.StatePollInterval || unread(in, s.consumerPods) {
-		if err := r.readPods(ctx, s, in); err != nil {
-			return proceed, err
+	targets := map[string]string{}
+	for i := range s.consumerPods {
+		if addr, ok := stateAddress(&s.consumerPods[i]); ok {
+			targets[s.consumerPods[i].Name] = addr
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(in.pods)) {
-		if st := in.pods[name].state; st != nil && st.Blocked != nil && s.now.Sub(st.Blocked.Since) > r.BlockedThreshold {
-			s.problem(v1alpha1.PartitionBlockedReason, blockedMessage(name, *st.Blocked, r.BlockedThreshold))
+	r.reads.mu.Lock()
+	defer r.reads.mu.Unlock()
+	in := r.reads.ofLocked(key)
+	in.targets = targets
+	for name := range in.pods {
+		if _, ok := targets[name]; !ok {
+			delete(in.pods, name)
 		}
 	}
-	summary := summarizeConsumers(in, s.now)
-	if old := s.inbox.Status.Consumers; old == nil || s.now.Sub(old.UpdatedAt.Time) >= r.StatusWriteInterval && summaryMoved(old, summary) {
-		s.inbox.Status.Consumers = summary
+	blocked := blockedRecords(in, s.now, r.BlockedThreshold)
+	for _, p := range blocked {
+		s.problem(v1alpha1.PartitionBlockedReason, p)
 	}
+	in.blocked = strings.Join(blocked, "\n")
+	if r.summaryDue(s.inbox.Status.Consumers, in, s.now) {
+		s.inbox.Status.Consumers = summarizeConsumers(in, s.now)
+	}
+	in.summary = s.inbox.Status.Consumers.DeepCopy()
+	in.reported = true
 	return proceed, nil
 }
 
-// readPods reads every consumer pod that runs, all at once, and forgets the pods that are gone.
-// A pod whose read fails keeps its last state for staleAfter reads.
-func (r *Reconciler) readPods(ctx context.Context, s *scope, in *inboxReads) error {
-	if in.client == nil {
-		c, err := r.stateClient(ctx, s.inbox)
-		if err != nil {
-			return err
+// summaryDue reports whether status.consumers, now old, is to be written anew: when there is
+// none, or StatusWriteInterval after the last write when a value moved beyond its band.
+func (r *Reconciler) summaryDue(old *v1alpha1.ConsumersStatus, in *inboxReads, now time.Time) bool {
+	return old == nil || now.Sub(old.UpdatedAt.Time) >= r.StatusWriteInterval && summaryMoved(old, summarizeConsumers(in, now))
+}
+
+// blockedRecords are the messages of the records retried for longer than threshold, by pod.
+func blockedRecords(in *inboxReads, now time.Time, threshold time.Duration) []string {
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(in.pods)) {
+		if st := in.pods[name].state; st != nil && st.Blocked != nil && now.Sub(st.Blocked.Since) > threshold {
+			out = append(out, blockedMessage(name, *st.Blocked, threshold))
 		}
-		in.client = c
 	}
-	in.readAt = s.now
-	current := map[string]bool{}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	refused := false
-	for i := range s.consumerPods {
-		pod := &s.consumerPods[i]
-		addr, ok := stateAddress(pod)
-		if !ok {
-			continue
+	return out
+}
+
+// pollConsumers reads the consumers of every inbox whose last read is StatePollInterval old (or
+// that has a pod never read), and returns the inboxes whose next pass would write something.
+func (r *Reconciler) pollConsumers(ctx context.Context) []types.NamespacedName {
+	now := r.Clock.Now()
+	r.reads.mu.Lock()
+	var due []types.NamespacedName
+	for key, in := range r.reads.inboxes {
+		if len(in.targets) > 0 && (now.Sub(in.readAt) >= r.StatePollInterval || unread(in)) {
+			due = append(due, key)
 		}
-		current[pod.Name] = true
-		pr := in.pods[pod.Name]
-		if pr == nil {
-			pr = &podRead{}
-			in.pods[pod.Name] = pr
-		}
+	}
+	r.reads.mu.Unlock()
+	var (
+		mu      sync.Mutex
+		changed []types.NamespacedName
+		wg      sync.WaitGroup
+		slots   = make(chan struct{}, pollParallelism)
+	)
+	for _, key := range due {
+		slots <- struct{}{}
 		wg.Go(func() {
-			rctx, cancel := context.WithTimeout(ctx, stateReadTimeout)
-			defer cancel()
-			st, err := in.client.Get(rctx, addr)
-			mu.Lock()
-			defer mu.Unlock()
-			pr.err = err
-			switch {
-			case err == nil:
-				pr.state, pr.readAt = &st, s.now
-			case s.now.Sub(pr.readAt) > staleAfter*r.StatePollInterval:
-				pr.state = nil
-			}
-			if errors.Is(err, consumerstate.ErrCredentials) {
-				refused = true
+			defer func() { <-slots }()
+			if r.readInbox(ctx, key, now) {
+				mu.Lock()
+				changed = append(changed, key)
+				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
-	for name := range in.pods {
-		if !current[name] {
-			delete(in.pods, name)
-		}
-	}
-	if refused {
-		// A Secret that was replaced since it was read: read it again next time.
-		in.client.Close()
-		in.client = nil
-	}
-	for name, pr := range in.pods {
-		if pr.err != nil {
-			logf.FromContext(ctx).V(1).Info("cannot read a consumer's state", "pod", name, "error", pr.err.Error())
-		}
-	}
-	return nil
+	slices.SortFunc(changed, func(a, b types.NamespacedName) int { return strings.Compare(a.String(), b.String()) })
+	return changed
 }
 
-// unread reports whether a running pod was never read: a new consumer is read at once.
-func unread(in *inboxReads, pods []corev1.Pod) bool {
-	for i := range pods {
-		if _, ok := stateAddress(&pods[i]); ok && in.pods[pods[i].Name] == nil {
+// readInbox reads every target pod of one inbox at once and reports whether its next pass would
+// write something. A pod whose read fails keeps its last state for staleAfter poll intervals.
+func (r *Reconciler) readInbox(ctx context.Context, key types.NamespacedName, now time.Time) bool {
+	log := logf.FromContext(ctx).WithValues("sequentialinbox", key)
+	r.reads.mu.Lock()
+	in := r.reads.inboxes[key]
+	if in == nil {
+		r.reads.mu.Unlock()
+		return false
+	}
+	targets, c := maps.Clone(in.targets), in.client
+	in.readAt = now
+	r.reads.mu.Unlock()
+	if c == nil {
+		var err error
+		if c, err = r.stateClient(ctx, key); err != nil {
+			log.Info("cannot read the consumers' state", "error", err.Error())
+			return false
+		}
+	}
+	type result struct {
+		state consumerstate.State
+		err   error
+	}
+	results := make(map[string]*result, len(targets))
+	var wg sync.WaitGroup
+	for name, addr := range targets {
+		res := &result{}
+		results[name] = res
+		wg.Go(func() {
+			rctx, cancel := context.WithTimeout(ctx, stateReadTimeout)
+			defer cancel()
+			res.state, res.err = c.Get(rctx, addr)
+		})
+	}
+	wg.Wait()
+
+	r.reads.mu.Lock()
+	defer r.reads.mu.Unlock()
+	if r.reads.inboxes[key] != in {
+		return false // forgotten meanwhile
+	}
+	in.client = c
+	for name, res := range results {
+		pr := in.pods[name]
+		if pr == nil {
+			pr = &podRead{}
+			in.pods[name] = pr
+		}
+		pr.err = res.err
+		switch {
+		case res.err == nil:
+			pr.state, pr.readAt = &res.state, now
+		case now.Sub(pr.readAt) > staleAfter*r.StatePollInterval:
+			pr.state = nil
+		}
+		if res.err != nil {
+			log.V(1).Info("cannot read a consumer's state", "pod", name, "error", res.err.Error())
+		}
+		if errors.Is(res.err, consumerstate.ErrCredentials) && in.client != nil {
+			// A Secret replaced since it was read: read it again next time.
+			in.client.Close()
+			in.client = nil
+		}
+	}
+	return in.reported && (strings.Join(blockedRecords(in, now, r.BlockedThreshold), "\n") != in.blocked || r.summaryDue(in.summary, in, now))
+}
+
+// unread reports whether a target pod was never read: a new consumer is read at the next poll.
+func unread(in *inboxReads) bool {
+	for name := range in.targets {
+		if in.pods[name] == nil {
 			return true
 		}
 	}
 	return false
+}
+
+// pollLoop runs pollConsumers every StatePollInterval until ctx ends, and asks for a pass of each
+// inbox it returns.
+func (r *Reconciler) pollLoop(ctx context.Context, passes chan<- event.GenericEvent) {
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
+		for _, key := range r.pollConsumers(ctx) {
+			select {
+			case passes <- event.GenericEvent{Object: &v1alpha1.SequentialInbox{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}, r.StatePollInterval)
 }
 
 // staleAfter is how many poll intervals the last state of a pod that cannot be read stands.
@@ -217,9 +310,10 @@ func stateAddress(pod *corev1.Pod) (string, bool) {
 
 // stateClient builds the client of an inbox's consumers from its credentials Secret, read
 // directly from the API server (the operator caches no Secret).
-func (r *Reconciler) stateClient(ctx context.Context, inbox *v1alpha1.SequentialInbox) (*consumerstate.Client, error) {
+func (r *Reconciler) stateClient(ctx context.Context, key types.NamespacedName) (*consumerstate.Client, error) {
 	var secret corev1.Secret
-	if err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: inbox.Namespace, Name: stateSecretName(inbox)}, &secret); err != nil {
+	name := client.ObjectKey{Namespace: key.Namespace, Name: stateSecretName(&v1alpha1.SequentialInbox{ObjectMeta: metav1.ObjectMeta{Name: key.Name}})}
+	if err := r.APIReader.Get(ctx, name, &secret); err != nil {
 		return nil, fmt.Errorf("read consumer state credentials: %w", err)
 	}
 	c, err := consumerstate.NewClient(secret.Data, stateReadTimeout)
@@ -231,14 +325,36 @@ func (r *Reconciler) stateClient(ctx context.Context, inbox *v1alpha1.Sequential
 
 // ensureStateCredentials creates the Secret of the credentials that the consumers serve their
 // state with, once per inbox; it is owned by the inbox and never changes (delete it to make new
-// ones: the operator creates them again, the pods' mounted files follow).
+// ones: the operator creates them again, the pods' mounted files follow). A pass checks that it
+// exists every credentialsRecheck.
 func (r *Reconciler) ensureStateCredentials(ctx context.Context, s *scope) error {
+	key := client.ObjectKeyFromObject(s.inbox)
+	r.reads.mu.Lock()
+	in := r.reads.ofLocked(key)
+	checked := !in.credentialsAt.IsZero() && s.now.Sub(in.credentialsAt) < credentialsRecheck
+	r.reads.mu.Unlock()
+	if checked {
+		return nil
+	}
 	name := stateSecretName(s.inbox)
 	var existing corev1.Secret
 	err := r.APIReader.Get(ctx, client.ObjectKey{Namespace: s.inbox.Namespace, Name: name}, &existing)
-	if err == nil || !apierrors.IsNotFound(err) {
-		return client.IgnoreNotFound(err)
+	switch {
+	case apierrors.IsNotFound(err):
+		if err := r.createStateCredentials(ctx, s, name); err != nil {
+			return err
+		}
+	case err != nil:
+		return fmt.Errorf("read consumer state credentials: %w", err)
 	}
+	r.reads.mu.Lock()
+	r.reads.ofLocked(key).credentialsAt = s.now
+	r.reads.mu.Unlock()
+	return nil
+}
+
+// createStateCredentials creates the credentials Secret of an inbox.
+func (r *Reconciler) createStateCredentials(ctx context.Context, s *scope, name string) error {
 	data, err := consumerstate.NewCredentials(s.now)
 	if err != nil {
 		return err
@@ -252,7 +368,6 @@ func (r *Reconciler) ensureStateCredentials(ctx context.Context, s *scope) error
 	if err := r.Client.Create(ctx, secret); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create consumer state credentials: %w", err)
 	}
-	r.reads.forget(client.ObjectKeyFromObject(s.inbox))
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,6 +115,13 @@ func consumerState(pod string, lag ...int64) consumerstate.State {
 	return st
 }
 
+// poll runs one round of the consumer state poller, as its loop does every StatePollInterval, and
+// reports whether it asked for a pass of the inbox.
+func (h *harness) poll(name string) bool {
+	h.t.Helper()
+	return slices.Contains(h.r.pollConsumers(h.ctx), client.ObjectKey{Namespace: h.ns, Name: name})
+}
+
 // allJobs lists every Job of the test's namespace.
 func (h *harness) allJobs() []batchv1.Job {
 	h.t.Helper()
@@ -162,17 +170,23 @@ func TestARecordRetriedPastTheThresholdDegradesTheInboxAtTheNextReadAndClearsAtT
 	s1 := serveState(t, data, consumerState("orders-consumer-1", 0, 0))
 	h.startReadablePod("orders", "orders-consumer-0", s0)
 	h.startReadablePod("orders", "orders-consumer-1", s1)
-	h.reconcile("orders")
+	h.reconcile("orders") // the pod events' pass lists the pods to read
+	if h.poll("orders") {
+		t.Fatal("the poller asked for a pass although nothing the pass writes changed")
+	}
 	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.AsExpectedReason)
 
 	// The record crosses the threshold 5s after this read: the next read, one StatePollInterval
-	// later, names it.
+	// later, asks for the pass that names it.
 	since := h.clock.Now().Add(-h.r.BlockedThreshold + 5*time.Second)
 	s0.set(func(st *consumerstate.State) {
 		st.Blocked = &consumerstate.Blocked{Topic: "orders", Partition: 1, Offset: 1234, Since: since,
 			Error: "claim OrderCreated/o-1: ERROR: out of resources (SQLSTATE 53000)"}
 	})
 	h.clock.Step(h.r.StatePollInterval)
+	if !h.poll("orders") {
+		t.Fatal("the poller did not ask for a pass when a record crossed the threshold")
+	}
 	h.reconcile("orders")
 	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.PartitionBlockedReason,
 		"orders-consumer-0", "offset 1234", "orders[1]", "SQLSTATE 53000", since.UTC().Format(time.RFC3339))
@@ -180,9 +194,13 @@ func TestARecordRetriedPastTheThresholdDegradesTheInboxAtTheNextReadAndClearsAtT
 	if notes := h.events("orders", v1alpha1.PartitionBlockedReason); len(notes) != 1 {
 		t.Errorf("PartitionBlocked events %q, want one", notes)
 	}
-	// While it stays blocked the condition does not change, so the status is not written again.
+	// While it stays blocked the condition does not change: no pass is asked for, and a pass
+	// (a pod event) writes nothing.
 	rv := h.get("orders").ResourceVersion
 	h.clock.Step(h.r.StatePollInterval)
+	if h.poll("orders") {
+		t.Error("the poller asked for a pass while the same record stays blocked")
+	}
 	h.reconcile("orders")
 	if got := h.get("orders").ResourceVersion; got != rv {
 		t.Errorf("status written again while the same record stays blocked")
@@ -190,6 +208,9 @@ func TestARecordRetriedPastTheThresholdDegradesTheInboxAtTheNextReadAndClearsAtT
 
 	s0.set(func(st *consumerstate.State) { st.Blocked = nil })
 	h.clock.Step(h.r.StatePollInterval)
+	if !h.poll("orders") {
+		t.Fatal("the poller did not ask for a pass when the record was processed")
+	}
 	h.reconcile("orders")
 	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.AsExpectedReason)
 	if jobs := h.allJobs(); len(jobs) != jobsBefore {
@@ -210,9 +231,13 @@ func TestTheSummaryShowsTheConsumersAndIsWrittenAtMostEvery30sAndOnlyBeyondItsBa
 	s1 := serveState(t, data, leader)
 	h.startReadablePod("orders", "orders-consumer-0", s0)
 	h.startReadablePod("orders", "orders-consumer-1", s1)
+	h.reconcile("orders") // the pod events' pass lists the pods to read
 	// The summary of the bring-up (no pod yet) was just written: the next comes 30s later.
 	h.clock.Step(h.r.StatusWriteInterval)
 	t0 := h.clock.Now()
+	if !h.poll("orders") {
+		t.Fatal("the poller did not ask for the pass that writes the new pods' summary")
+	}
 	h.reconcile("orders")
 
 	sum := h.get("orders").Status.Consumers
@@ -232,11 +257,17 @@ func TestTheSummaryShowsTheConsumersAndIsWrittenAtMostEvery30sAndOnlyBeyondItsBa
 	// A lag that moved beyond the band is written only 30s after the last write.
 	s0.set(func(st *consumerstate.State) { st.Partitions[0].Lag = 500 })
 	h.clock.Step(h.r.StatePollInterval)
-	h.reconcile("orders")
+	if h.poll("orders") {
+		t.Error("the poller asked for a pass 10s after the last write of the summary")
+	}
+	h.reconcile("orders") // a pod event's pass
 	if got := h.get("orders").Status.Consumers; got.Lag != 112 || !got.UpdatedAt.Time.Equal(t0) {
 		t.Fatalf("status.consumers written %s after the last write (lag %d)", h.clock.Since(t0), got.Lag)
 	}
 	h.clock.Step(h.r.StatusWriteInterval - h.r.StatePollInterval)
+	if !h.poll("orders") {
+		t.Fatal("the poller did not ask for a pass 30s after the last write, with the lag beyond its band")
+	}
 	h.reconcile("orders")
 	t1 := h.clock.Now()
 	if got := h.get("orders").Status.Consumers; got.Lag != 607 || !got.UpdatedAt.Time.Equal(t1) {
@@ -244,7 +275,7 @@ func TestTheSummaryShowsTheConsumersAndIsWrittenAtMostEvery30sAndOnlyBeyondItsBa
 	}
 
 	// Ten minutes of reads in which the values wobble within their band and the oldest message
-	// ages as it waits: no write, no Job.
+	// ages as it waits: no pass asked for, no write (even by passes of pod events), no Job.
 	rv, jobs, reads := h.get("orders").ResourceVersion, len(h.allJobs()), s0.readCount()
 	for i := range 60 {
 		h.clock.Step(h.r.StatePollInterval)
@@ -252,9 +283,10 @@ func TestTheSummaryShowsTheConsumersAndIsWrittenAtMostEvery30sAndOnlyBeyondItsBa
 		s1.set(func(st *consumerstate.State) {
 			st.Database.OldestWaitingSeconds = (h.clock.Since(t0) + 2*time.Minute).Seconds()
 		})
-		if res := h.reconcile("orders"); res.RequeueAfter <= 0 || res.RequeueAfter > h.r.StatePollInterval {
-			t.Fatalf("pass requeues after %s, want at most the state poll interval %s", res.RequeueAfter, h.r.StatePollInterval)
+		if h.poll("orders") {
+			t.Fatalf("the poller asked for a pass at %s of steady state", h.clock.Since(t1))
 		}
+		h.reconcile("orders")
 	}
 	if got := h.get("orders").ResourceVersion; got != rv {
 		t.Errorf("the inbox was written during ten minutes of values within their band: %+v", h.get("orders").Status.Consumers)
@@ -265,12 +297,13 @@ func TestTheSummaryShowsTheConsumersAndIsWrittenAtMostEvery30sAndOnlyBeyondItsBa
 	if got := s0.readCount() - reads; got != 60 {
 		t.Errorf("the consumer was read %d times in 60 poll intervals, want 60", got)
 	}
-	// Passes between two poll intervals (pod events) do not read the consumers again.
+	// Neither passes nor polls between two poll intervals read the consumers again.
 	for range 5 {
 		h.reconcile("orders")
+		h.poll("orders")
 	}
 	if got := s0.readCount() - reads; got != 60 {
-		t.Errorf("the consumer was read %d times in 60 poll intervals and 5 passes between them, want 60", got)
+		t.Errorf("the consumer was read %d times in 60 poll intervals and 5 passes and polls between them, want 60", got)
 	}
 }
 
@@ -287,7 +320,9 @@ func TestOnlyTheInboxsCredentialsReadItsConsumersAndNewOnesAreReadAfterARefusal(
 	impostor.Blocked = &consumerstate.Blocked{Topic: "orders", Partition: 0, Since: h.clock.Now().Add(-time.Hour), Error: "fake"}
 	s0 := serveState(t, foreign, impostor)
 	h.startReadablePod("orders", "orders-consumer-0", s0)
+	h.reconcile("orders")
 	h.clock.Step(h.r.StatusWriteInterval)
+	h.poll("orders")
 	h.reconcile("orders")
 	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionFalse, v1alpha1.AsExpectedReason)
 	sum := h.get("orders").Status.Consumers
@@ -301,13 +336,13 @@ func TestOnlyTheInboxsCredentialsReadItsConsumersAndNewOnesAreReadAfterARefusal(
 	// New credentials (the Secret deleted and made again) reach the pods' files; the operator,
 	// refused meanwhile, reads the new Secret and then the pod.
 	h.must(k8s.Delete(h.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "orders-consumer-state", Namespace: h.ns}}))
-	h.clock.Step(h.r.StatePollInterval)
+	h.clock.Step(credentialsRecheck)
 	h.reconcile("orders")
 	fresh := h.credentials("orders")
 	s0.mount(t, fresh)
-	h.clock.Step(h.r.StatePollInterval)
-	h.reconcile("orders")
-	h.clock.Step(h.r.StatusWriteInterval)
+	if !h.poll("orders") {
+		t.Fatal("the poller did not ask for a pass once it read the pod's blocked record with the new credentials")
+	}
 	h.reconcile("orders")
 	h.expectCondition("orders", v1alpha1.ConditionDegraded, metav1.ConditionTrue, v1alpha1.PartitionBlockedReason, "orders-consumer-0")
 	if sum := h.get("orders").Status.Consumers; sum.Pods[0].Unreachable != "" || sum.Pods[0].Blocked == nil {

@@ -23,10 +23,11 @@
 //     server-side apply of client-go apply configurations (only the fields the operator sets;
 //     ForceOwnership).
 //  7. watchGroup: members of another group protocol that keep the consumers out (Degraded).
-//  8. readConsumers: while the consumers run, the operator reads each consumer pod's state over
-//     HTTPS every StatePollInterval (no Job, no SQL); a record a consumer has retried after
-//     infrastructure errors for longer than BlockedThreshold is named in Degraded
-//     (PartitionBlocked), and status.consumers summarises the rest (consumers.go).
+//  8. reportConsumers: lists the running consumer pods for the poller, which reads each one's
+//     state over HTTPS every StatePollInterval (no Job, no SQL) and asks for a pass only when
+//     the status would change; a record a consumer has retried after infrastructure errors for
+//     longer than BlockedThreshold is named in Degraded (PartitionBlocked), and status.consumers
+//     summarises the rest (consumers.go).
 //
 // The status is written once, at the end of the pass (deferred), with an optimistic lock and
 // only when it changed; observedGeneration is set only when every phase ran. Ready, Progressing

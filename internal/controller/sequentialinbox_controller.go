@@ -25,8 +25,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 )
@@ -134,8 +136,16 @@ func CacheOptions() cache.Options {
 }
 
 // SetupWithManager watches the inboxes (spec, annotations, deletion), everything they own, and
-// the pods of their consumers and Jobs.
+// the pods of their consumers and Jobs, and runs the poller of the consumers' state, which asks
+// for a pass when what the consumers report would change the status.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	passes := make(chan event.GenericEvent)
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		r.pollLoop(ctx, passes)
+		return nil
+	})); err != nil {
+		return fmt.Errorf("add the consumer state poller: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("sequentialinbox").
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.MaxConcurrentReconciles}).
@@ -147,6 +157,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.Service{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(podToInbox)).
+		WatchesRawSource(source.Channel(passes, &handler.EnqueueRequestForObject{})).
 		Complete(r)
 }
 
@@ -215,7 +226,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 // reconcilePhases is the inner reconcile: the phases in order, each of which lets the pass go
 // on, stops it to wait, or fails it. The generation counts as observed only when every phase ran.
 func (r *Reconciler) reconcilePhases(ctx context.Context, s *scope) (ctrl.Result, error) {
-	phases := []phaseFunc{r.validate, r.renderConfig, r.probeTarget, r.gateRollout, r.migrateSchema, r.planReplicas, r.ensureWorkload, r.watchGroup, r.readConsumers}
+	phases := []phaseFunc{r.validate, r.renderConfig, r.probeTarget, r.gateRollout, r.migrateSchema, r.planReplicas, r.ensureWorkload, r.watchGroup, r.reportConsumers}
 	for _, phase := range phases {
 		res, err := phase(ctx, s)
 		if err != nil {
