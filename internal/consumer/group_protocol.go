@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -93,6 +95,15 @@ type groupMembership struct {
 	describeErr error
 	// lastErr is the last group error other than a refusal.
 	lastErr error
+	// unreachable is the last failed dial of a broker, until a dial succeeds (nil: none failed).
+	unreachable *brokerDialError
+}
+
+// brokerDialError is a failed connection to a broker: where, why and since when.
+type brokerDialError struct {
+	addr  string
+	err   error
+	since time.Time
 }
 
 func newGroupMembership(kafka *v1alpha1.KafkaSpec, protocol string, clk clock.PassiveClock, log logr.Logger) *groupMembership {
@@ -134,6 +145,10 @@ func (m *groupMembership) ready() (bool, string) {
 		return true, ""
 	case refused != nil:
 		return false, kafkaauth.Refusal(m.kafka, refused)
+	case m.unreachable != nil:
+		u := m.unreachable
+		return false, fmt.Sprintf("cannot reach Kafka broker %s since %s: %v; retrying (check spec.kafka.bootstrapServers, or --bootstrap-servers outside Kubernetes)",
+			u.addr, u.since.UTC().Format(time.RFC3339), u.err)
 	case !m.refusedSince.IsZero():
 		return false, m.refusalLocked()
 	case m.lastErr != nil:
@@ -154,6 +169,35 @@ func (m *groupMembership) refusalLocked() string {
 	}
 	return fmt.Sprintf("%s, and %d member(s) of another group protocol hold it: %s; retrying the join until they leave",
 		prefix, len(m.held), strings.Join(holderNames(m.held), ", "))
+}
+
+// OnBrokerConnect implements kgo.HookBrokerConnect: a failed dial makes the consumer not ready
+// with the broker and the error, logged once per outage; the next successful dial ends it.
+func (m *groupMembership) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	addr := net.JoinHostPort(meta.Host, strconv.Itoa(int(meta.Port)))
+	m.mu.Lock()
+	first := m.unreachable == nil
+	switch {
+	case err != nil && first:
+		m.unreachable = &brokerDialError{addr: addr, err: err, since: m.clock.Now()}
+	case err != nil:
+		m.unreachable.addr, m.unreachable.err = addr, err
+	case first:
+		m.mu.Unlock()
+		return
+	default:
+		since := m.unreachable.since
+		m.unreachable = nil
+		m.mu.Unlock()
+		m.log.Info("reached the Kafka brokers again", "broker", addr, "unreachableFor", m.clock.Now().Sub(since).Round(time.Millisecond).String())
+		m.changed()
+		return
+	}
+	m.mu.Unlock()
+	if first {
+		m.log.Error(err, "cannot reach a Kafka broker; not consuming, retrying", "broker", addr, "group", m.group)
+	}
+	m.changed()
 }
 
 // OnGroupManageError implements kgo.HookGroupManageError: franz-go calls it on its group

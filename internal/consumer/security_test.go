@@ -141,3 +141,21 @@ func TestConsumerOfTheClusterSampleTakesTheUserNameOfTheManifest(t *testing.T) {
 		t.Fatalf("New without the password = %v, want the field and SEQINBOX_KAFKA_PASSWORD named", err)
 	}
 }
+
+// TestAnUnreachableBrokerMakesTheConsumerNotReadyNamingIt runs a consumer whose only broker
+// refuses connections: its readiness names the broker and the dial error, instead of "joining
+// Kafka consumer group" without end.
+func TestAnUnreachableBrokerMakesTheConsumerNotReadyNamingIt(t *testing.T) {
+	database(t)
+	inbox := testInbox(t, []string{"127.0.0.1:1"}, "g-unreachable", "http://127.0.0.1:1", sinkOpts{})
+	r := startConsumer(t, inbox, "unreachable-1")
+	var reason string
+	waitUntil(t, "readiness names the unreachable broker", func() bool {
+		var ready bool
+		ready, reason = r.c.Ready()
+		return !ready && strings.HasPrefix(reason, "cannot reach Kafka broker 127.0.0.1:1 since ")
+	})
+	if !strings.Contains(reason, "connection refused") || !strings.Contains(reason, "spec.kafka.bootstrapServers") {
+		t.Errorf("readiness %q does not say why and what to check", reason)
+	}
+}

@@ -332,7 +332,7 @@ func (f *Fence) Run(ctx context.Context, onChange func(ready bool, reason string
 			return
 		}
 		lastReady, lastReason = &ready, reason
-		f.log.Info("consumer readiness changed", "ready", ready, "reason", reason)
+		f.log.Info("version fence readiness changed", "ready", ready, "reason", reason)
 		onChange(ready, reason)
 	}
 	// lastBeat is when the last successful heartbeat (the first: the registration) was sent; a
