@@ -40,7 +40,7 @@ generate: ## Generate the DeepCopy methods of the API types.
 
 .PHONY: docs
 docs: ## Generate the configuration reference docs/reference.md from the API types (crd-ref-docs, pinned in hack/tools).
-	$(CRD_REF_DOCS) --source-path=./api --config=hack/crd-ref-docs/config.yaml --renderer=markdown --output-path=docs/reference.md --log-level=ERROR
+	$(CRD_REF_DOCS) --source-path=./api --config=hack/crd-ref-docs/config.yaml --renderer=markdown --output-path=docs/reference.md --log-level=ERROR --max-depth=20 --templates-dir=hack/crd-ref-docs/templates/markdown
 
 .PHONY: fmt
 fmt: ## Format the code.
