@@ -4,9 +4,13 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
 // TestRecordHeadersCannotForgeAttributesOrPassCredentials sends a record whose producer tries
@@ -74,5 +78,48 @@ func TestNewRefusesToForwardCredentialHopByHopAndAttributeHeaders(t *testing.T) 
 		if err == nil || !strings.Contains(err.Error(), "spec.sink.forwardHeaders[1]") {
 			t.Errorf("New accepted forwarding %q (error %v), want an error naming spec.sink.forwardHeaders[1]", name, err)
 		}
+	}
+}
+
+// TestAReplyIsDroppedAndAttributesArePercentEncodedAsTheSinkPageSays delivers to a service that
+// answers with a CloudEvent, as a Knative reply is: the delivery counts as processed and nothing
+// of the reply is kept; the context ID of the page's example arrives encoded as the page shows.
+func TestAReplyIsDroppedAndAttributesArePercentEncodedAsTheSinkPageSays(t *testing.T) {
+	got := make(chan http.Header, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header
+		w.Header().Set("ce-specversion", "1.0")
+		w.Header().Set("ce-type", "OrderAccepted")
+		w.Header().Set("ce-id", "reply-1")
+		w.Header().Set("ce-source", "/orders")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte(`{"orderId":"42"}`))
+	}))
+	defer srv.Close()
+	s, err := New(Config{URL: srv.URL, Timeout: 2 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	m := message(`{}`, "ce_specversion", "1.0", "ce_id", "e-1", "ce_source", "/shop", "ce_type", "OrderCreated")
+	m.ContextID = "order 42/ü"
+	if err := s.Deliver(context.Background(), m); err != nil {
+		t.Fatalf("Deliver to a service that replies with a CloudEvent: %v, want processed", err)
+	}
+	const want = "order%2042/%C3%BC"
+	if h := <-got; h.Get(ContextIDHeader) != want {
+		t.Errorf("%s = %q, want %q", ContextIDHeader, h.Get(ContextIDHeader), want)
+	}
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := os.ReadFile(filepath.Join(root, "docs", "sink.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(page), "`ce-seqinboxcontextid: "+want+"`") {
+		t.Errorf("docs/sink.md does not show the encoded example %s", want)
 	}
 }
