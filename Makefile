@@ -83,6 +83,8 @@ test: verify vet lint envtest ## Run every test against real PostgreSQL, envtest
 	SEQINBOX_TEST_DATABASE_URL="$$(hack/postgres.sh)" go test -tags legacy $(GOTEST_FLAGS) -run '^TestLegacy' ./internal/inbox/
 	@echo "tests of the development commands (demo, dev kafka; built with -tags dev)"
 	SEQINBOX_TEST_DATABASE_URL="$$(hack/postgres.sh)" go test $(GOTEST_FLAGS) -tags dev ./cmd/seqinbox/...
+	@echo "tests behind PgBouncer in transaction pooling mode (hack/pgbouncer.sh)"
+	SEQINBOX_TEST_DATABASE_URL="$$(hack/pgbouncer.sh)" go test $(GOTEST_FLAGS) -run 'BehindAPooler' ./migrations/
 
 # FUZZTIME is how long `make fuzz` (and so `make test`) runs each fuzz target beyond its seed
 # corpus (testdata/fuzz, which every `go test` run replays).

@@ -1,6 +1,7 @@
 // Package migrations holds the database schema of seqinbox as ordered SQL files embedded in the
 // binary, and the runner that applies them (SPEC §2): each file once, in its own transaction
-// together with its ledger row, serialized across migrators by a PostgreSQL advisory lock.
+// together with its ledger row, serialized across migrators by a transaction-level PostgreSQL
+// advisory lock, so that it works behind a pooler in transaction mode.
 package migrations
 
 import (
@@ -15,14 +16,13 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// AdvisoryLockKey is the session-level advisory lock key (pg_advisory_lock(bigint)) that
+// AdvisoryLockKey is the transaction-level advisory lock key (pg_advisory_xact_lock(bigint)) that
 // serializes migrators on one database: the ASCII bytes of "seqinbox" read as a big-endian int64.
 // Other advisory locks of seqinbox (e.g. housekeeping) must use different keys.
 const AdvisoryLockKey int64 = 0x736571696e626f78
@@ -100,9 +100,9 @@ func Latest() int {
 
 // Result says what one Apply call did.
 type Result struct {
-	// Before is the schema version found when the migrator got the lock.
+	// Before is the schema version found when the migrator first got the lock.
 	Before int
-	// After is the schema version when the migrator released the lock.
+	// After is the schema version when the migrator last released the lock.
 	After int
 	// Applied lists the versions this call applied, in order; empty when the schema was current.
 	Applied []int
@@ -128,8 +128,8 @@ type Executor interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// Apply brings the database behind pool to the latest schema, holding one of its connections for
-// the advisory lock. Concurrent callers serialize; each file is applied exactly once.
+// Apply brings the database behind pool to the latest schema on one of its connections.
+// Concurrent callers serialize; each file is applied exactly once.
 func Apply(ctx context.Context, pool *pgxpool.Pool) (Result, error) {
 	return ApplyUpTo(ctx, pool, Latest())
 }
@@ -194,52 +194,68 @@ func (c ownerClaim) record(ctx context.Context, db Executor) error {
 	}
 }
 
-// applyOn holds the advisory lock on conn while it checks the ledger against ms and applies the
-// pending migrations up to target. If the lock cannot be released, conn is closed: a closed
-// session drops its locks, and a pool discards a closed connection instead of reusing it.
-func applyOn(ctx context.Context, conn *pgx.Conn, ms []Migration, target int, claim ownerClaim) (res Result, err error) {
+// applyOn checks the ledger against ms and applies the pending migrations up to target, each in
+// its own transaction that first takes the migrators' transaction-level advisory lock and reads
+// the ledger again under it. No lock outlives its transaction, so a migrator behind a pooler in
+// transaction mode, whose statements may run on any server connection, serializes all the same
+// and can leak no lock.
+func applyOn(ctx context.Context, conn *pgx.Conn, ms []Migration, target int, claim ownerClaim) (Result, error) {
 	if target < 0 || target > len(ms) {
 		return Result{}, fmt.Errorf("migrate: no schema version %d in this binary (latest is %d)", target, len(ms))
 	}
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", AdvisoryLockKey); err != nil {
-		return Result{}, fmt.Errorf("migrate: take advisory lock %d: %w", AdvisoryLockKey, err)
-	}
-	defer func() {
-		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if _, uerr := conn.Exec(unlockCtx, "SELECT pg_advisory_unlock($1)", AdvisoryLockKey); uerr != nil {
-			_ = conn.Close(unlockCtx)
-			if err == nil {
-				err = fmt.Errorf("migrate: release advisory lock %d: %w", AdvisoryLockKey, uerr)
+	var res Result
+	for first := true; ; first = false {
+		applied, done := 0, false
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			st, err := lockAndInspect(ctx, tx, ms)
+			if err != nil {
+				return err
 			}
-		}
-	}()
-
-	if _, err := conn.Exec(ctx, createLedger); err != nil {
-		return Result{}, fmt.Errorf("migrate: create %s: %w", LedgerTable, err)
-	}
-	st, err := inspect(ctx, conn, ms)
-	if err != nil {
-		return Result{}, err
-	}
-	res = Result{Before: st.Version, After: st.Version}
-	if err := claim.refuse(ctx, conn); err != nil {
-		return res, err
-	}
-	for _, v := range st.Pending {
-		if v > target {
-			break
-		}
-		if err := applyOne(ctx, conn, ms[v-1]); err != nil {
+			if first {
+				res.Before = st.Version
+			}
+			res.After = st.Version
+			if err := claim.refuse(ctx, tx); err != nil {
+				return err
+			}
+			if len(st.Pending) == 0 || st.Pending[0] > target {
+				done = true
+				if err := claim.record(ctx, tx); err != nil {
+					return fmt.Errorf("migrate: %w", err)
+				}
+				return nil
+			}
+			m := ms[st.Pending[0]-1]
+			if err := applyOne(ctx, tx, m); err != nil {
+				return err
+			}
+			applied = m.Version
+			return nil
+		})
+		if err != nil {
 			return res, err
 		}
-		res.Applied = append(res.Applied, v)
-		res.After = v
+		if done {
+			return res, nil
+		}
+		res.Applied = append(res.Applied, applied)
+		res.After = applied
 	}
-	if err := claim.record(ctx, conn); err != nil {
-		return res, fmt.Errorf("migrate: %w", err)
+}
+
+// lockMigratorsSQL serializes migrators until the end of the calling transaction.
+const lockMigratorsSQL = `SELECT pg_advisory_xact_lock($1)`
+
+// lockAndInspect takes the migrators' lock in tx, creates the ledger if there is none, and reads
+// it: what it returns stays true until tx ends.
+func lockAndInspect(ctx context.Context, tx pgx.Tx, ms []Migration) (Status, error) {
+	if _, err := tx.Exec(ctx, lockMigratorsSQL, AdvisoryLockKey); err != nil {
+		return Status{}, fmt.Errorf("migrate: take advisory lock %d: %w", AdvisoryLockKey, err)
 	}
-	return res, nil
+	if _, err := tx.Exec(ctx, createLedger); err != nil {
+		return Status{}, fmt.Errorf("migrate: create %s: %w", LedgerTable, err)
+	}
+	return inspect(ctx, tx, ms)
 }
 
 // createLedger runs under the advisory lock, so concurrent migrators never race on it.
@@ -250,19 +266,14 @@ const createLedger = `CREATE TABLE IF NOT EXISTS ` + LedgerTable + ` (
   applied_at timestamptz NOT NULL DEFAULT now()
 )`
 
-// applyOne runs one file and records it in the ledger, in one transaction: either both happen or
-// neither does.
-func applyOne(ctx context.Context, conn *pgx.Conn, m Migration) error {
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, m.SQL); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO `+LedgerTable+` (version, name, checksum) VALUES ($1, $2, $3)`,
-			m.Version, m.Name, m.Checksum)
-		return err
-	})
-	if err != nil {
+// applyOne runs one file and records it in the ledger, in tx: either both happen or neither does.
+func applyOne(ctx context.Context, tx pgx.Tx, m Migration) error {
+	if _, err := tx.Exec(ctx, m.SQL); err != nil {
 		return fmt.Errorf("migrate: apply %s: %w", m.Name, err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+LedgerTable+` (version, name, checksum) VALUES ($1, $2, $3)`,
+		m.Version, m.Name, m.Checksum); err != nil {
+		return fmt.Errorf("migrate: record %s in %s: %w", m.Name, LedgerTable, err)
 	}
 	return nil
 }
