@@ -107,29 +107,53 @@ func ReadTopic(t testing.TB, seeds []string, topic string) []*kgo.Record {
 // CommittedLag returns, per partition of topic, its end offset minus the offset the group
 // committed (the end offset where the group committed nothing).
 func CommittedLag(seeds []string, group, topic string) (map[int32]int64, error) {
+	lag := map[int32]int64{}
+	err := withAdmin(seeds, func(ctx context.Context, adm *kadm.Client) error {
+		ends, err := adm.ListEndOffsets(ctx, topic)
+		if err != nil {
+			return err
+		}
+		committed, err := committedOffsets(ctx, adm, group, topic)
+		if err != nil {
+			return err
+		}
+		ends.Each(func(o kadm.ListedOffset) { lag[o.Partition] = o.Offset - committed[o.Partition] })
+		return nil
+	})
+	return lag, err
+}
+
+// CommittedOffsets returns the offset the group committed per partition of topic; a partition
+// without a commit is missing.
+func CommittedOffsets(seeds []string, group, topic string) (map[int32]int64, error) {
+	var committed map[int32]int64
+	err := withAdmin(seeds, func(ctx context.Context, adm *kadm.Client) (err error) {
+		committed, err = committedOffsets(ctx, adm, group, topic)
+		return err
+	})
+	return committed, err
+}
+
+func committedOffsets(ctx context.Context, adm *kadm.Client, group, topic string) (map[int32]int64, error) {
+	fetched, err := adm.FetchOffsets(ctx, group)
+	if err != nil {
+		return nil, err
+	}
+	committed := map[int32]int64{}
+	for partition, o := range fetched[topic] {
+		committed[partition] = o.At
+	}
+	return committed, nil
+}
+
+// withAdmin runs f with an admin client of the cluster, within kafkaTimeout.
+func withAdmin(seeds []string, f func(context.Context, *kadm.Client) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), kafkaTimeout)
 	defer cancel()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	ends, err := adm.ListEndOffsets(ctx, topic)
-	if err != nil {
-		return nil, err
-	}
-	committed, err := adm.FetchOffsets(ctx, group)
-	if err != nil {
-		return nil, err
-	}
-	lag := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		at := int64(0)
-		if c, ok := committed.Lookup(topic, o.Partition); ok {
-			at = c.At
-		}
-		lag[o.Partition] = o.Offset - at
-	})
-	return lag, nil
+	return f(ctx, kadm.NewClient(cl))
 }
