@@ -101,8 +101,9 @@ func TestHungSink(t *testing.T) {
 	db := migratedDatabase(t)
 	const hung = "hung-created"
 	s := newSink(t, func(id string, _ int) bool { return id == hung })
-	// The sink may take 8s per call, the record only 5.4s (nine tenths of 6s).
-	manifest := inbox{group: group, sinkURL: s.srv.URL, maxPollIntervalMs: 6000, sinkTimeout: 8 * time.Second, poolSize: poolSize}.write(t)
+	// The sink may take 12s per call, the record only 9s (nine tenths of 10s, the least
+	// maxPollIntervalMs the CRD admits).
+	manifest := inbox{group: group, sinkURL: s.srv.URL, maxPollIntervalMs: 10000, sinkTimeout: 12 * time.Second, poolSize: poolSize}.write(t)
 	startConsumer(t, "consumer-a", manifest, db, seeds).waitReady(t)
 
 	records, ids := orders("h", 10, partitions)
