@@ -66,8 +66,10 @@ type inboxReads struct {
 	credentialsAt time.Time
 	readAt        time.Time
 	pods          map[string]*podRead
-	// blocked and summary are what the last pass reported (reported): the Degraded verdict on
-	// blocked records and status.consumers.
+	// blocked and summary are what the last pass reported: the Degraded verdict on blocked
+	// records and status.consumers. reported is set by a pass that reported and cleared when the
+	// poller asks for a pass: a pass that stops before reporting (a rollout waiting) is not
+	// asked for again and again.
 	reported bool
 	blocked  string
 	summary  *v1alpha1.ConsumersStatus
@@ -258,7 +260,11 @@ func (r *Reconciler) readInbox(ctx context.Context, key types.NamespacedName, no
 			in.client = nil
 		}
 	}
-	return in.reported && (strings.Join(blockedRecords(in, now, r.BlockedThreshold), "\n") != in.blocked || r.summaryDue(in.summary, in, now))
+	ask := in.reported && (strings.Join(blockedRecords(in, now, r.BlockedThreshold), "\n") != in.blocked || r.summaryDue(in.summary, in, now))
+	if ask {
+		in.reported = false
+	}
+	return ask
 }
 
 // unread reports whether a target pod was never read: a new consumer is read at the next poll.
