@@ -9,11 +9,16 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"sigs.k8s.io/yaml"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/declaration"
+	"github.com/seqinbox/seqinbox/internal/decode"
+	"github.com/seqinbox/seqinbox/internal/manifest"
 	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
@@ -119,9 +124,55 @@ func TestEveryCommandOfTheDocsIsAccepted(t *testing.T) {
 			checkExport(t, c, root)
 		case "go":
 			checkGoTest(t, c, root)
+		case "echo":
+			checkKcat(t, c, root)
 		default:
 			t.Errorf("%s: %q: no test checks this command; show it outside a ```sh block or teach this test", c.where, strings.Join(c.words, " "))
 		}
+	}
+}
+
+// checkKcat accepts `echo 'VALUE' | kcat -P -b BROKER -t TOPIC -k KEY -H name=value ...` when the
+// record it writes is one that a consumer of the sample inbox decodes as a sequenced message of a
+// topic the sample reads.
+func checkKcat(t *testing.T, c docCommand, root string) {
+	t.Helper()
+	line := strings.Join(c.words, " ")
+	pipe := slices.Index(c.words, "|")
+	if pipe != 2 || len(c.words) < 4 || c.words[3] != "kcat" || !slices.Contains(c.words, "-P") {
+		t.Errorf("%s: %s: only echo 'VALUE' | kcat -P ... is checked", c.where, line)
+		return
+	}
+	rec := &kgo.Record{Value: []byte(strings.Trim(c.words[1], "'"))}
+	args := c.words[4:]
+	for i := 0; i+1 < len(args); i++ {
+		switch args[i] {
+		case "-t":
+			rec.Topic = args[i+1]
+		case "-k":
+			rec.Key = []byte(args[i+1])
+		case "-H":
+			name, value, _ := strings.Cut(args[i+1], "=")
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: name, Value: []byte(value)})
+		}
+	}
+	inbox, err := manifest.Load(filepath.Join(root, "config", "samples", "inbox_v1alpha1_sequentialinbox.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, errs := declaration.Compile(&inbox.Spec)
+	if len(errs) > 0 {
+		t.Fatal(errs.ToAggregate())
+	}
+	decoder, err := decode.New(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(inbox.Spec.Kafka.Topics, rec.Topic) {
+		t.Errorf("%s: %s: topic %q is not one the sample reads (%v)", c.where, line, rec.Topic, inbox.Spec.Kafka.Topics)
+	}
+	if decoded, err := decoder.Decode(rec, time.Now()); err != nil || !decoded.Sequenced {
+		t.Errorf("%s: %s: the sample inbox does not sequence this record (sequenced %v): %v", c.where, line, decoded.Sequenced, err)
 	}
 }
 

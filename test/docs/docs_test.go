@@ -196,3 +196,18 @@ func TestTheDocsIndexLinksEveryPage(t *testing.T) {
 		}
 	}
 }
+
+// TestTheProducerGuideShowsItsExampleAsItIs checks that the Go program docs/producers.md shows is
+// docs/examples/producer/main.go, the file its test runs against a broker, byte for byte.
+func TestTheProducerGuideShowsItsExampleAsItIs(t *testing.T) {
+	root := repoRoot(t)
+	page := readFile(t, filepath.Join(root, "docs", "producers.md"))
+	_, block, ok := strings.Cut(page, "```go\n")
+	if !ok {
+		t.Fatal("docs/producers.md shows no Go example")
+	}
+	block, _, _ = strings.Cut(block, "```")
+	if want := readFile(t, filepath.Join(root, "docs", "examples", "producer", "main.go")); block != want {
+		t.Errorf("the Go example of docs/producers.md differs from docs/examples/producer/main.go; copy the file into the page")
+	}
+}
