@@ -211,3 +211,18 @@ func TestTheProducerGuideShowsItsExampleAsItIs(t *testing.T) {
 		t.Errorf("the Go example of docs/producers.md differs from docs/examples/producer/main.go; copy the file into the page")
 	}
 }
+
+// TestTheArchitecturePageDrawsItsDiagrams checks that docs/architecture.md carries the picture of
+// the parts and the one of a message's life as Mermaid blocks, which render where users read the
+// repository, each opening with a diagram type Mermaid knows.
+func TestTheArchitecturePageDrawsItsDiagrams(t *testing.T) {
+	page := readFile(t, filepath.Join(repoRoot(t), "docs", "architecture.md"))
+	blocks := regexp.MustCompile("(?m)^```mermaid\n([a-zA-Z]+)").FindAllStringSubmatch(page, -1)
+	var kinds []string
+	for _, b := range blocks {
+		kinds = append(kinds, b[1])
+	}
+	if !slices.Equal(kinds, []string{"flowchart", "sequenceDiagram"}) {
+		t.Errorf("docs/architecture.md draws %v, want a flowchart of the parts and a sequenceDiagram of a message's life", kinds)
+	}
+}
