@@ -226,3 +226,33 @@ func TestTheArchitecturePageDrawsItsDiagrams(t *testing.T) {
 		t.Errorf("docs/architecture.md draws %v, want a flowchart of the parts and a sequenceDiagram of a message's life", kinds)
 	}
 }
+
+// TestTheCompatibilityPageNamesTheVersionsTheTestsUse checks docs/compatibility.md against the
+// versions the repository pins: Kubernetes in hack/envtest.sh and hack/cluster/lib.sh, and the
+// client libraries in go.mod.
+func TestTheCompatibilityPageNamesTheVersionsTheTestsUse(t *testing.T) {
+	root := repoRoot(t)
+	page := readFile(t, filepath.Join(root, "docs", "compatibility.md"))
+	for _, script := range []string{filepath.Join("hack", "envtest.sh"), filepath.Join("hack", "cluster", "lib.sh")} {
+		m := regexp.MustCompile(`(?m)^K8S_VERSION=(v[0-9.]+)$`).FindStringSubmatch(readFile(t, filepath.Join(root, script)))
+		if m == nil {
+			t.Fatalf("%s sets no K8S_VERSION", script)
+		}
+		if !strings.Contains(page, "| Kubernetes | "+m[1]+" |") {
+			t.Errorf("docs/compatibility.md does not name Kubernetes %s, which %s runs", m[1], script)
+		}
+	}
+	gomod := readFile(t, filepath.Join(root, "go.mod"))
+	for module, name := range map[string]string{
+		"k8s.io/client-go": "client-go", "sigs.k8s.io/controller-runtime": "controller-runtime",
+		"github.com/jackc/pgx/v5": "pgx", "github.com/twmb/franz-go": "franz-go",
+	} {
+		m := regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(module) + ` (v[0-9.]+)$`).FindStringSubmatch(gomod)
+		if m == nil {
+			t.Fatalf("go.mod requires no %s", module)
+		}
+		if !strings.Contains(page, name+" "+m[1]) {
+			t.Errorf("docs/compatibility.md does not name %s %s, which go.mod requires", name, m[1])
+		}
+	}
+}
