@@ -422,8 +422,9 @@ func TestTheCLIPageDocumentsEveryFlagOfEachCommand(t *testing.T) {
 			}
 		}
 	}
-	for name := range sections {
-		if !seen[name] {
+	for name, section := range sections {
+		// A development command exists only in a build with -tags dev; make test runs both builds.
+		if !seen[name] && !strings.Contains(section, "A development command") {
 			t.Errorf("docs/cli.md has a section for seqinbox %s, which is no command with flags", name)
 		}
 	}
