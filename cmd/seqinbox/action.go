@@ -9,11 +9,13 @@ import (
 	"os"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/controller"
+	"github.com/seqinbox/seqinbox/internal/dbconn"
 	"github.com/seqinbox/seqinbox/internal/fence"
 	"github.com/seqinbox/seqinbox/internal/inbox"
 	"github.com/seqinbox/seqinbox/migrations"
@@ -182,7 +184,7 @@ const actionPollInterval = time.Second
 // recordAction records the action as pending on its target through the inbox's functions, then
 // awaits its outcome for req.wait, filling the report.
 func recordAction(ctx context.Context, databaseURL string, req actionRequest, report *controller.ActionReport) error {
-	conn, err := pgx.Connect(ctx, databaseURL)
+	conn, err := dbconn.Connect(ctx, databaseURL, logr.Discard())
 	if err != nil {
 		return fmt.Errorf("connect to the database: %w", err)
 	}

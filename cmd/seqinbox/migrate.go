@@ -11,11 +11,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/seqinbox/seqinbox/internal/dbconn"
 	"github.com/seqinbox/seqinbox/internal/fence"
 	"github.com/seqinbox/seqinbox/internal/inbox"
 	"github.com/seqinbox/seqinbox/internal/version"
@@ -144,7 +146,7 @@ func explainMissingSchema(conn *pgx.Conn, err error) error {
 // result with the live consumers. On error the report still names this build.
 func migrate(ctx context.Context, opts migrateOptions) (migrations.Report, error) {
 	report := migrations.Report{ClaimProtocol: inbox.ClaimProtocol, EngineVersion: version.Version, DryRun: opts.dryRun}
-	conn, err := pgx.Connect(ctx, opts.databaseURL)
+	conn, err := dbconn.Connect(ctx, opts.databaseURL, logr.Discard())
 	if err != nil {
 		return report, fmt.Errorf("connect to the database: %w", err)
 	}

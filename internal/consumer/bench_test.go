@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -192,7 +193,7 @@ func benchEngineOnly(b *testing.B, partitions int32) {
 		b.Fatal(err)
 	}
 	defer listener.Close()
-	maintenance, err := newPool(context.Background(), dbURL, inbox.MaintenanceConnections)
+	maintenance, err := newPool(context.Background(), dbURL, inbox.MaintenanceConnections, logr.Discard())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/dbconn"
 	"github.com/seqinbox/seqinbox/internal/fence"
 	"github.com/seqinbox/seqinbox/internal/inbox"
 	"github.com/seqinbox/seqinbox/internal/kafkaauth"
@@ -300,9 +301,10 @@ func (l kafkaLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 }
 
 // newPool opens the consumer's PostgreSQL pool: poolSize connections with TCP keepalives, so
-// that the server rolls back the claims of a consumer that died without closing its connections.
-func newPool(ctx context.Context, url string, size int32) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+// that the server rolls back the claims of a consumer that died without closing its connections,
+// preparing statements unless a pooler answers (dbconn).
+func newPool(ctx context.Context, url string, size int32, log logr.Logger) (*pgxpool.Pool, error) {
+	cfg, err := dbconn.PoolConfig(url, log)
 	if err != nil {
 		return nil, fmt.Errorf("database URL: %w", err)
 	}

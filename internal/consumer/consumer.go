@@ -196,13 +196,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer stopServers()
 
 	spec := &c.cfg.Inbox.Spec
-	pool, err := newPool(ctx, c.cfg.DatabaseURL, spec.Database.PoolSize)
+	pool, err := newPool(ctx, c.cfg.DatabaseURL, spec.Database.PoolSize, c.log.WithName("database"))
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}
 	defer pool.Close()
 	// Housekeeping, operator actions, metrics reads and the fence never take a record's connection.
-	maintenance, err := newPool(ctx, c.cfg.DatabaseURL, v1alpha1.MaintenanceConnections)
+	maintenance, err := newPool(ctx, c.cfg.DatabaseURL, v1alpha1.MaintenanceConnections, logr.Discard())
 	if err != nil {
 		return fmt.Errorf("consumer: maintenance %w", err)
 	}

@@ -14,12 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	testingclock "k8s.io/utils/clock/testing"
 
+	"github.com/seqinbox/seqinbox/internal/dbconn"
 	"github.com/seqinbox/seqinbox/internal/sequence"
 	"github.com/seqinbox/seqinbox/internal/testenv"
 	"github.com/seqinbox/seqinbox/migrations"
@@ -40,7 +42,7 @@ var (
 // run-time parameters of its sessions.
 func newPool(tb testing.TB, url string, maxConns int32, params ...map[string]string) *pgxpool.Pool {
 	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := dbconn.PoolConfig(url, logr.Discard())
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -12,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/seqinbox/seqinbox/internal/dbconn"
 )
 
 // DatabaseURLEnv names the variable that points tests at a PostgreSQL server (any database on it;
@@ -127,7 +130,11 @@ func FreshDatabase(t testing.TB, prefix string) string {
 // Pool opens a pgx pool on dbURL for one test and closes it when the test ends.
 func Pool(t testing.TB, dbURL string) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dbURL)
+	cfg, err := dbconn.PoolConfig(dbURL, logr.Discard())
+	if err != nil {
+		t.Fatalf("parse the test database URL: %v", err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("open a pool on the test database: %v", err)
 	}
