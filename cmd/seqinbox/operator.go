@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -38,7 +39,9 @@ type operatorOptions struct {
 	leaderElect   bool
 	image         string
 	kubeconfig    string
-	log           zap.Options
+	// blockedThreshold is controller.Options.BlockedThreshold.
+	blockedThreshold time.Duration
+	log              zap.Options
 }
 
 func newOperatorCommand() *cobra.Command {
@@ -72,6 +75,8 @@ in-cluster configuration of its pod.`,
 	cmd.Flags().StringVar(&opts.image, "default-image", defaultImage(), "image of consumers and Jobs when spec.image is empty (env SEQINBOX_IMAGE)")
 	cmd.Flags().StringVar(&opts.kubeconfig, "kubeconfig", "", "kubeconfig file of the cluster (default: $KUBECONFIG, ~/.kube/config, the pod's in-cluster configuration)")
 	_ = cmd.MarkFlagFilename("kubeconfig")
+	cmd.Flags().DurationVar(&opts.blockedThreshold, "blocked-threshold", 5*time.Minute,
+		"how long a consumer may retry a record after infrastructure errors before the inbox is Degraded (PartitionBlocked)")
 	addLogFlags(cmd, &opts.log)
 	return cmd
 }
@@ -101,7 +106,7 @@ func runOperator(cmd *cobra.Command, opts operatorOptions) error {
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
 	}
-	if err := controller.Setup(mgr, controller.Options{DefaultImage: opts.image}); err != nil {
+	if err := controller.Setup(mgr, controller.Options{DefaultImage: opts.image, BlockedThreshold: opts.blockedThreshold}); err != nil {
 		return fmt.Errorf("set up the SequentialInbox controller: %w", err)
 	}
 	if err := ctrlmetrics.Registry.Register(version.BuildInfo(version.Version, inbox.ClaimProtocol)); err != nil {

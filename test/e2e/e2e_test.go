@@ -62,6 +62,7 @@ func TestEndToEnd(t *testing.T) {
 		{"3_InboxReady", testInboxReady},
 		{"4_OutOfOrderDuplicatedStreamExactlyOnceInOrder", testStream},
 		{"4b_ConsumerStateInStatusNoJobInSteadyState", testConsumerStateInStatus},
+		{"4c_RecordBlockedByTheDatabaseInDegradedAndStatus", testBlockedRecordInDegraded},
 		{"5_ForceDeletedConsumerMidDelivery", testForceDelete},
 		{"6_Scale1To3To1UnderLoad", testScale},
 		{"7_SequentialInboxActionExecuted", testAction},

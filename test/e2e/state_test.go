@@ -3,7 +3,9 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -68,4 +70,87 @@ func testConsumerStateInStatus(t *testing.T, s *suite) {
 		}
 		time.Sleep(10 * time.Second)
 	}
+}
+
+// e2eBlockedThreshold replaces the operator's five minutes in testBlockedRecordInDegraded.
+const e2eBlockedThreshold = 20 * time.Second
+
+// testBlockedRecordInDegraded makes the inbox's database refuse the first record of an order (SQLSTATE 53000, an
+// infrastructure error the consumer retries) with the operator's threshold at 20s: Degraded
+// PartitionBlocked appears no earlier than the threshold and within 30s of it, status.consumers
+// names the record, and both clear within 30s of the database taking the record again.
+func testBlockedRecordInDegraded(t *testing.T, s *suite) {
+	restore := setOperatorArgs(t, "--blocked-threshold="+e2eBlockedThreshold.String())
+	defer restore()
+	pool := testenv.Pool(t, s.dbURL)
+	order := s.newOrders(1)
+	id := fmt.Sprintf("order-%d-OrderCreated", order)
+	ctx := t.Context()
+	if _, err := pool.Exec(ctx, `CREATE OR REPLACE FUNCTION e2e_out_of_resources() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'e2e: the database is out of resources' USING ERRCODE = '53000'; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TRIGGER e2e_out_of_resources BEFORE INSERT ON sequential_inbox_idempotence
+FOR EACH ROW WHEN (NEW.idempotence_id = '`+id+`') EXECUTE FUNCTION e2e_out_of_resources()`); err != nil {
+		t.Fatal(err)
+	}
+	lifted := false
+	lift := func() {
+		if !lifted {
+			lifted = true
+			if _, err := pool.Exec(context.Background(), `DROP TRIGGER IF EXISTS e2e_out_of_resources ON sequential_inbox_idempotence`); err != nil {
+				t.Errorf("drop trigger: %v", err)
+			}
+		}
+	}
+	defer lift()
+
+	// The order's other events wait in the buffer behind its refused OrderCreated.
+	produced := time.Now()
+	produce(t, s.producer, orderRecords(order, 1, 1))
+	var degradedAt time.Time
+	testenv.WaitUntil(t, "Degraded PartitionBlocked", e2eBlockedThreshold+30*time.Second, func() bool {
+		if degradedReason(t) == v1alpha1.PartitionBlockedReason {
+			degradedAt = time.Now()
+			return true
+		}
+		return false
+	})
+	if after := degradedAt.Sub(produced); after < e2eBlockedThreshold {
+		t.Errorf("Degraded PartitionBlocked %s after the record was produced, before the threshold %s", after, e2eBlockedThreshold)
+	}
+	t.Logf("Degraded PartitionBlocked %.1fs after the record was produced (threshold %s)", degradedAt.Sub(produced).Seconds(), e2eBlockedThreshold)
+	testenv.WaitUntil(t, "status.consumers names the blocked record", 45*time.Second, func() bool {
+		return strings.Contains(kubectl(t, "-n", namespace, "get", "sqi", inboxName, "-o", "jsonpath={.status.consumers.pods[*].blocked.error}"), "out of resources")
+	})
+
+	lift()
+	liftedAt := time.Now()
+	testenv.WaitUntil(t, "Degraded clears", 30*time.Second, func() bool { return degradedReason(t) == v1alpha1.AsExpectedReason })
+	t.Logf("Degraded cleared %.1fs after the database took the record again", time.Since(liftedAt).Seconds())
+	s.awaitProcessed(t, time.Minute)
+}
+
+// degradedReason is the reason of the inbox's Degraded condition.
+func degradedReason(t *testing.T) string {
+	return kubectl(t, "-n", namespace, "get", "sqi", inboxName, "-o", `jsonpath={.status.conditions[?(@.type=="Degraded")].reason}`)
+}
+
+// setOperatorArgs adds arguments to the operator's container and waits for the new operator pod;
+// the returned function puts the arguments back and waits again.
+func setOperatorArgs(t *testing.T, extra ...string) (restore func()) {
+	t.Helper()
+	before := kubectl(t, "-n", operatorNamespace, "get", "deployment", operatorName, "-o", "jsonpath={.spec.template.spec.containers[0].args}")
+	var args []string
+	if err := json.Unmarshal([]byte(before), &args); err != nil {
+		t.Fatalf("operator args %q: %v", before, err)
+	}
+	set := func(args []string) {
+		value, _ := json.Marshal(args)
+		kubectl(t, "-n", operatorNamespace, "patch", "deployment", operatorName, "--type=json",
+			"-p", `[{"op":"replace","path":"/spec/template/spec/containers/0/args","value":`+string(value)+`}]`)
+		kubectl(t, "-n", operatorNamespace, "rollout", "status", "deployment/"+operatorName, "--timeout=3m")
+	}
+	set(append(slices.Clone(args), extra...))
+	return func() { set(args) }
 }
