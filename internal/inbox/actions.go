@@ -87,7 +87,7 @@ const knownRequestSQL = `SELECT EXISTS (SELECT 1 FROM operator_action WHERE requ
 // for ActionResultOf; recording the same request twice records it once.
 func RequestMessageAction(ctx context.Context, db DB, requestID, qualifiedType, idempotenceID string, a MessageAction) error {
 	if a != ActionConsume && a != ActionExpire {
-		return fmt.Errorf("request %s on %s/%s: unknown message action", a, qualifiedType, idempotenceID)
+		return fmt.Errorf("request %s on %s/%s: unknown message action", actionLabel(string(a)), qualifiedType, idempotenceID)
 	}
 	if known, err := requestKnown(ctx, db, requestID); err != nil || known {
 		return err
@@ -96,10 +96,10 @@ func RequestMessageAction(ctx context.Context, db DB, requestID, qualifiedType, 
 	err := db.QueryRow(ctx, requestMessageActionSQL, qualifiedType, idempotenceID, string(a), requestID,
 		"message "+qualifiedType+"/"+idempotenceID).Scan(&n)
 	if err != nil {
-		return fmt.Errorf("request %s on %s/%s: %w", a, qualifiedType, idempotenceID, err)
+		return fmt.Errorf("request %s on %s/%s: %w", actionLabel(string(a)), qualifiedType, idempotenceID, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("request %s on %s/%s: message %w", a, qualifiedType, idempotenceID, ErrNotFound)
+		return fmt.Errorf("request %s on %s/%s: message %w", actionLabel(string(a)), qualifiedType, idempotenceID, ErrNotFound)
 	}
 	return nil
 }
@@ -122,7 +122,7 @@ var requestInstanceActionSQL = requestActionSQL("sequence_instance", "name = $1 
 // consumer executes it in RunPendingActions. requestID is as for RequestMessageAction.
 func RequestInstanceAction(ctx context.Context, db DB, requestID, sequence, contextID string, a InstanceAction) error {
 	if a != ActionConsumeAll && a != ActionClose {
-		return fmt.Errorf("request %s on %s/%s: unknown instance action", a, sequence, contextID)
+		return fmt.Errorf("request %s on %s/%s: unknown instance action", actionLabel(string(a)), sequence, contextID)
 	}
 	if known, err := requestKnown(ctx, db, requestID); err != nil || known {
 		return err
@@ -131,10 +131,10 @@ func RequestInstanceAction(ctx context.Context, db DB, requestID, sequence, cont
 	err := db.QueryRow(ctx, requestInstanceActionSQL, sequence, contextID, string(a), requestID,
 		"instance "+sequence+"/"+contextID).Scan(&n)
 	if err != nil {
-		return fmt.Errorf("request %s on %s/%s: %w", a, sequence, contextID, err)
+		return fmt.Errorf("request %s on %s/%s: %w", actionLabel(string(a)), sequence, contextID, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("request %s on %s/%s: instance %w", a, sequence, contextID, ErrNotFound)
+		return fmt.Errorf("request %s on %s/%s: instance %w", actionLabel(string(a)), sequence, contextID, ErrNotFound)
 	}
 	return nil
 }
@@ -343,7 +343,7 @@ func (li *lockedInstance) runActions(ctx context.Context) (int, error) {
 	done := 0
 	for _, a := range actions {
 		if err := li.runMessageAction(ctx, a); err != nil {
-			return done, fmt.Errorf("%s %s/%s: %w", a.action, a.qualifiedType, a.idempotenceID, err)
+			return done, fmt.Errorf("%s %s/%s: %w", actionLabel(string(a.action)), a.qualifiedType, a.idempotenceID, err)
 		}
 		li.e.metrics.actions.WithLabelValues(actionLabel(string(a.action))).Inc()
 		done++
@@ -430,7 +430,7 @@ func (li *lockedInstance) runMessageAction(ctx context.Context, a pendingMessage
 	default:
 		out = failed("unknown message action %q", a.action)
 	}
-	li.e.log.Info("message action executed", "action", a.action, "messageId", a.id, "sequence", li.name,
+	li.e.log.Info("message action executed", "action", actionLabel(string(a.action)), "messageId", a.id, "sequence", li.name,
 		"context", li.contextID, "outcome", out.outcome, "detail", out.detail)
 	if err := li.finishMessageAction(ctx, w, a, out); err != nil {
 		return err
@@ -562,7 +562,7 @@ func (li *lockedInstance) runInstanceAction(ctx context.Context, a InstanceActio
 	default:
 		out = failed("unknown instance action %q", a)
 	}
-	li.e.log.Info("instance action executed", "action", a, "sequence", li.name, "context", li.contextID,
+	li.e.log.Info("instance action executed", "action", actionLabel(string(a)), "sequence", li.name, "context", li.contextID,
 		"outcome", out.outcome, "detail", out.detail)
 	b := &pgx.Batch{}
 	b.Queue(clearInstanceActionSQL, li.id, li.actionID)

@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
+
+	"github.com/go-logr/logr/funcr"
 )
 
 func (h *harness) runActions(wantDone int) *recordingDeadLetterer {
@@ -136,11 +140,14 @@ func TestCloseActionClosesWithoutDeliveringAndDeadLettersTheBuffered(t *testing.
 func TestActionRequestsNameExistingTargets(t *testing.T) {
 	h := newHarness(t, chainSet())
 	ctx := context.Background()
-	if err := RequestMessageAction(ctx, h.pool, "", "A", h.prefix+"missing", ActionExpire); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("message action on a missing message: %v, want ErrNotFound", err)
+	// Errors name the action as the API spells it, not as the engine stores it.
+	if err := RequestMessageAction(ctx, h.pool, "", "A", h.prefix+"missing", ActionExpire); !errors.Is(err, ErrNotFound) ||
+		!strings.HasPrefix(err.Error(), "request Expire on ") {
+		t.Fatalf("message action on a missing message: %v, want ErrNotFound naming Expire", err)
 	}
-	if err := RequestInstanceAction(ctx, h.pool, "", "chain", h.ctxID("missing"), ActionClose); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("instance action on a missing instance: %v, want ErrNotFound", err)
+	if err := RequestInstanceAction(ctx, h.pool, "", "chain", h.ctxID("missing"), ActionClose); !errors.Is(err, ErrNotFound) ||
+		!strings.HasPrefix(err.Error(), "request Close on ") {
+		t.Fatalf("instance action on a missing instance: %v, want ErrNotFound naming Close", err)
 	}
 	h.process(h.rec("A", "a1", "x"))
 	if err := RequestMessageAction(ctx, h.pool, "", "A", h.prefix+"a1", MessageAction("DROP")); err == nil {
@@ -168,5 +175,35 @@ func TestActionsWaitWhileAReleaseHoldsTheInstance(t *testing.T) {
 	h.runActions(1)
 	if got := h.listener.deliveredTypes(h.ctxID("x")); !slices.Equal(got, []string{"B"}) {
 		t.Fatalf("delivered %v, want [B]", got)
+	}
+}
+
+// TestExecutedActionsAreLoggedAsTheAPISpellsThem: the log line of an executed action names it as
+// a SequentialInboxAction does (ConsumeAll, Expire), not as the engine stores it.
+func TestExecutedActionsAreLoggedAsTheAPISpellsThem(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		lines []string
+	)
+	h := newHarness(t, chainSet(), func(s *harnessSettings) {
+		s.Log = funcr.New(func(_, args string) {
+			mu.Lock()
+			defer mu.Unlock()
+			lines = append(lines, args)
+		}, funcr.Options{})
+	})
+	h.process(h.rec("B", "b1", "x"))
+	h.process(h.rec("C", "c1", "y"))
+	h.request("C", "c1", ActionExpire)
+	if err := RequestInstanceAction(context.Background(), h.pool, "", "chain", h.ctxID("x"), ActionConsumeAll); err != nil {
+		t.Fatal(err)
+	}
+	h.runActionsUntilDone(&recordingDeadLetterer{})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, want := range []string{`"action"="Expire"`, `"action"="ConsumeAll"`} {
+		if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, want) }) {
+			t.Errorf("no log line with %s in %q", want, lines)
+		}
 	}
 }

@@ -37,7 +37,8 @@ const (
 	deletedClosed, deletedExpired = "Closed", "Expired"
 )
 
-// actionLabel is an action's label value: its name in CamelCase (CONSUME_ALL is ConsumeAll).
+// actionLabel is an action as the API spells it (CONSUME_ALL is ConsumeAll), for metric labels,
+// logs and errors; the engine stores it in capitals.
 func actionLabel(action string) string {
 	var b strings.Builder
 	for word := range strings.SplitSeq(action, "_") {
