@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -98,16 +99,31 @@ func TestStateServesPartitionsLagBlockedRecordAndDatabaseCountsToTheOperatorOnly
 	if strings.Contains(st.Blocked.Error, `"orderId"`) {
 		t.Errorf("the blocked record's error carries its payload: %s", st.Blocked.Error)
 	}
-	// What the state says is what /metrics says.
-	metricLag := lagSeries(t, r)
-	if len(st.Partitions) != 2 || len(metricLag) != 2 {
-		t.Fatalf("state partitions %+v, lag series %v; want both partitions", st.Partitions, metricLag)
-	}
-	for _, p := range st.Partitions {
-		if want := metricLag[strconv.Itoa(int(p.Partition))]; float64(p.Lag) != want || p.Topic != "orders" {
-			t.Errorf("state lag of %s[%d] = %d, seqinbox_consumer_lag = %v", p.Topic, p.Partition, p.Lag, want)
+	// What the state says is what /metrics says. Lag moves while records finish and offsets are
+	// committed, so the two are read again until the same moment shows in both.
+	var (
+		metricLag map[string]float64
+		differ    []string
+	)
+	waitUntil(t, "the state's lag is the lag of /metrics", func() bool {
+		if st, err = operator.Get(t.Context(), addr); err != nil {
+			t.Logf("read state: %v", err)
+			return false
 		}
-	}
+		metricLag, differ = lagSeries(t, r), nil
+		if len(st.Partitions) != 2 || len(metricLag) != 2 {
+			differ = append(differ, fmt.Sprintf("state partitions %+v, lag series %v; want both partitions", st.Partitions, metricLag))
+		}
+		for _, p := range st.Partitions {
+			if want := metricLag[strconv.Itoa(int(p.Partition))]; float64(p.Lag) != want || p.Topic != "orders" {
+				differ = append(differ, fmt.Sprintf("state lag of %s[%d] = %d, seqinbox_consumer_lag = %v", p.Topic, p.Partition, p.Lag, want))
+			}
+		}
+		if len(differ) > 0 {
+			t.Log(strings.Join(differ, "; "))
+		}
+		return len(differ) == 0
+	})
 	if got := gauge(t, r.c, "seqinbox_messages_waiting", "type", "OrderPaid"); got != float64(st.Database.Waiting()) {
 		t.Errorf("seqinbox_messages_waiting = %v, state says %d", got, st.Database.Waiting())
 	}
