@@ -170,23 +170,7 @@ func TestConcurrentMigratorsApplyEachFileExactlyOnce(t *testing.T) {
 	holder.Release()
 	wg.Wait()
 
-	appliedBy := map[int]int{}
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("migrator %d: %v", i, err)
-		}
-		for _, v := range results[i].Applied {
-			appliedBy[v]++
-		}
-	}
-	for _, v := range allVersions() {
-		if appliedBy[v] != 1 {
-			t.Errorf("version %d applied %d times, want exactly once", v, appliedBy[v])
-		}
-	}
-	if len(appliedBy) != migrations.Latest() {
-		t.Errorf("applied versions %v, want exactly %v", appliedBy, allVersions())
-	}
+	requireEachVersionAppliedOnce(t, errs, results)
 	var rows int
 	if err := observer.QueryRow(ctx, `SELECT count(*) FROM `+migrations.LedgerTable).Scan(&rows); err != nil {
 		t.Fatal(err)
@@ -405,5 +389,28 @@ func TestRenamedAppliedFileIsRefused(t *testing.T) {
 	if !errors.Is(err, migrations.ErrLedgerMismatch) || !strings.Contains(err.Error(), "0003_registry.sql") ||
 		!strings.Contains(err.Error(), "0003_consumer_registry.sql") {
 		t.Fatalf("Apply error = %v, want ErrLedgerMismatch naming both file names", err)
+	}
+}
+
+// requireEachVersionAppliedOnce fails unless the racing migrators returned without error and,
+// together, applied every migration exactly once.
+func requireEachVersionAppliedOnce(t *testing.T, errs []error, results []migrations.Result) {
+	t.Helper()
+	appliedBy := map[int]int{}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("migrator %d: %v", i, err)
+		}
+		for _, v := range results[i].Applied {
+			appliedBy[v]++
+		}
+	}
+	for _, v := range allVersions() {
+		if appliedBy[v] != 1 {
+			t.Errorf("version %d applied %d times, want exactly once", v, appliedBy[v])
+		}
+	}
+	if len(appliedBy) != migrations.Latest() {
+		t.Errorf("applied versions %v, want exactly %v", appliedBy, allVersions())
 	}
 }

@@ -82,20 +82,7 @@ func TestConcurrentMigratorsOnAFreshDatabaseEndCleanBehindAPoolerInTransactionMo
 			close(start)
 			wg.Wait()
 
-			appliedBy := map[int]int{}
-			for i, err := range errs {
-				if err != nil {
-					t.Errorf("migrator %d: %v", i, err)
-				}
-				for _, v := range results[i].Applied {
-					appliedBy[v]++
-				}
-			}
-			for _, v := range allVersions() {
-				if appliedBy[v] != 1 {
-					t.Errorf("version %d applied %d times, want exactly once", v, appliedBy[v])
-				}
-			}
+			requireEachVersionAppliedOnce(t, errs, results)
 			observer := execPool(t, url)
 			check, cancelCheck := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancelCheck()
