@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make demo` (SPEC §11): builds bin/seqinbox-dev (the binary with the development commands,
+# `make demo` (docs/design.md#development-environment): builds bin/seqinbox-dev (the binary with the development commands,
 # -tags dev; the release binary has none), finds or starts PostgreSQL (hack/postgres.sh), and
 # runs `seqinbox demo`, which starts an embedded Kafka broker, a temporary database, a demo sink
 # and two consumers of the sample SequentialInbox, sends a scenario of out-of-order, duplicated,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Provides a PostgreSQL server for tests and the demo (SPEC §11) and prints its URL on stdout.
+# Provides a PostgreSQL server for tests and the demo (docs/design.md#development-environment) and prints its URL on stdout.
 #
 # Order: $SEQINBOX_TEST_DATABASE_URL if it answers; else a server on 127.0.0.1:5432; else a
 # private server started from installed PostgreSQL binaries under the cache

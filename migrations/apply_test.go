@@ -15,7 +15,7 @@ import (
 	"github.com/seqinbox/seqinbox/migrations"
 )
 
-// contractTables are the tables other packages code against (SPEC §2).
+// contractTables are the tables other packages code against (docs/design.md#tables).
 var contractTables = []string{
 	"buffered_message", "consumer_registry", "operator_action", migrations.OwnerTable, migrations.LedgerTable, "sequence_instance", "sequenced_message",
 	"sequential_inbox_idempotence",

@@ -47,7 +47,7 @@ func TestEmbeddedMigrationsLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	if Latest() < 3 {
-		t.Fatalf("Latest = %d, want at least the three files of SPEC §2", Latest())
+		t.Fatalf("Latest = %d, want at least the three files of docs/design.md#tables", Latest())
 	}
 }
 

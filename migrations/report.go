@@ -50,7 +50,7 @@ type LiveConsumer struct {
 	Blocked *BlockedRecord `json:"blocked,omitempty"`
 }
 
-// BlockedRecord is a record a consumer retries after infrastructure errors (SPEC §7).
+// BlockedRecord is a record a consumer retries after infrastructure errors (docs/design.md#records-retried-for-long).
 type BlockedRecord struct {
 	Topic     string `json:"topic"`
 	Partition int32  `json:"partition"`

@@ -4,7 +4,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// ActionType is an operator action on a message or a sequence instance (SPEC §6).
+// ActionType is an operator action on a message or a sequence instance (docs/design.md#operator-actions).
 // +kubebuilder:validation:Enum=Consume;Expire;ConsumeAll;Close
 type ActionType string
 
@@ -122,7 +122,7 @@ type SequentialInboxActionStatus struct {
 	Message string `json:"message,omitempty"`
 }
 
-// SequentialInboxAction requests an operator action (SPEC §6) on a message or a sequence
+// SequentialInboxAction requests an operator action (docs/design.md#operator-actions) on a message or a sequence
 // instance of a SequentialInbox: the operator records it in the inbox's database with a Job, and
 // a consumer executes it.
 // +kubebuilder:object:root=true

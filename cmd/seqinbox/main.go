@@ -1,5 +1,5 @@
 // Command seqinbox is the one binary of the project: the operator, the consumer, the schema
-// migrator and the operator's tools, each a subcommand (SPEC §10).
+// migrator and the operator's tools, each a subcommand (docs/design.md#command-line).
 package main
 
 import (

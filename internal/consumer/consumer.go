@@ -1,4 +1,4 @@
-// Package consumer is the consumer runtime of one SequentialInbox (SPEC §7): a franz-go group
+// Package consumer is the consumer runtime of one SequentialInbox (docs/design.md#consumer-runtime): a franz-go group
 // consumer that decodes CloudEvents records, hands them to the claim engine, dead-letters what
 // cannot be processed and commits an offset only after the engine decided about its record. It
 // keeps the database schema and the version fence in view (it fetches only while both pass),

@@ -25,7 +25,7 @@ import (
 )
 
 // The broker is the last of the three fences that keep consumers of different claim semantics
-// apart (SPEC §8). A consumer announces exactly one group protocol, named after its claim
+// apart (docs/design.md#broker-group-protocol). A consumer announces exactly one group protocol, named after its claim
 // protocol (manifest.GroupProtocol), and assigns partitions with franz-go's cooperative-sticky
 // balancer under that name. The broker refuses a joining member that supports none of the
 // protocols every member of the group supports (INCONSISTENT_GROUP_PROTOCOL), so whoever holds

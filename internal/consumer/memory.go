@@ -9,7 +9,7 @@ import (
 	"github.com/seqinbox/seqinbox/internal/inbox"
 )
 
-// The records a consumer holds between fetching and finishing them are bounded in bytes (SPEC §7):
+// The records a consumer holds between fetching and finishing them are bounded in bytes (docs/design.md#bounded-memory):
 // a partition whose worker holds records stops fetching while the consumer holds more than its
 // bound, and fetches again once the consumer is down to half the bound, or once the partition holds
 // nothing (so that a partition stuck behind a slow record never keeps the others from fetching).

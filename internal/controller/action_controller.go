@@ -32,7 +32,7 @@ import (
 const actionWait = 2 * time.Minute
 
 // ActionReconciler records the operator actions requested as SequentialInboxAction resources
-// (SPEC §6) in their inbox's database. Like the schema migration it never talks SQL: it runs
+// (docs/design.md#operator-actions) in their inbox's database. Like the schema migration it never talks SQL: it runs
 // `seqinbox action` as a Job from the inbox's image, with the inbox's database Secret and the
 // same Job builder, and reads the result from the Job's termination message. An action is
 // recorded once; the Job then awaits its execution by a consumer. Executed and Failed are final,

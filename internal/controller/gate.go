@@ -17,7 +17,7 @@ import (
 )
 
 // The rollout gate keeps consumers of different claim protocols from ever processing at the same
-// time (SPEC §8). A rollout between images of the same claim protocol is a normal rolling update.
+// time (docs/design.md#rollout-gate-and-claim-protocol). A rollout between images of the same claim protocol is a normal rolling update.
 // Any other rollout — a different protocol, or one the operator cannot prove equal, such as pods
 // of an unknown version — runs as: (approval, for Supervised) → stop the old consumers → wait
 // until their pods are gone, the Kafka consumer group has no members and the database registry

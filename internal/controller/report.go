@@ -9,7 +9,7 @@ import (
 )
 
 // parseReport decodes the report that `seqinbox migrate --output json` wrote to the termination
-// message of a successful Job (SPEC §10); a report without claim protocol or engine version is
+// message of a successful Job (docs/design.md#command-line); a report without claim protocol or engine version is
 // not one.
 func parseReport(message string) (*migrations.Report, error) {
 	var r migrations.Report

@@ -168,7 +168,7 @@ func consumerPodSpec(s *scope) *corev1ac.PodSpecApplyConfiguration {
 			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromString("health"))).
 			WithPeriodSeconds(10).
 			WithFailureThreshold(3)).
-		// Ready only after the schema check and the version fence passed (SPEC §7).
+		// Ready only after the schema check and the version fence passed (docs/design.md#readiness).
 		WithReadinessProbe(corev1ac.Probe().
 			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/readyz").WithPort(intstr.FromString("health"))).
 			WithPeriodSeconds(5)).

@@ -1,4 +1,4 @@
-// Package demo runs the whole claim engine locally on embedded defaults (`make demo`, SPEC §11):
+// Package demo runs the whole claim engine locally on embedded defaults (`make demo`, docs/design.md#development-environment):
 // an embedded Kafka broker, a temporary PostgreSQL database, a sink that records what it
 // receives, and two `seqinbox consume` processes of the sample declaration in different consumer
 // groups, so that every record reaches the claim engine twice, concurrently. It sends orders

@@ -18,7 +18,7 @@ type Delivery struct {
 	// Via names the consumer that sent it (the `via` query parameter of its sink URL).
 	Via string
 	// ID, Type, Sequence and ContextID are the ce-id, ce-type, ce-seqinboxsequence and
-	// ce-seqinboxcontextid headers (SPEC §10).
+	// ce-seqinboxcontextid headers (docs/design.md#sink-request).
 	ID, Type, Sequence, ContextID string
 	// OrderID is read from the JSON payload.
 	OrderID string
@@ -81,7 +81,7 @@ func (s *Sink) Close() error {
 	return nil
 }
 
-// ServeHTTP implements http.Handler: it checks the CloudEvents binary-mode request of SPEC §10,
+// ServeHTTP implements http.Handler: it checks the CloudEvents binary-mode request (docs/design.md#sink-request),
 // records it and answers.
 func (s *Sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {

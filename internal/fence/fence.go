@@ -1,4 +1,4 @@
-// Package fence is the engine side of the version fence (SPEC §6, §7, §8): before and while a
+// Package fence is the engine side of the version fence (docs/design.md#the-version-fence): before and while a
 // consumer processes, it checks that the database schema is the one this build needs and that no
 // live consumer of the same group speaks another claim protocol. Consumers register in the
 // consumer_registry table and heartbeat there; a consumer is live while its heartbeat is younger

@@ -1,4 +1,4 @@
-// Package inbox is the claim engine of the sequential inbox (SPEC §3): it claims each logical
+// Package inbox is the claim engine of the sequential inbox (docs/design.md#processing-one-record): it claims each logical
 // message once in PostgreSQL, hands released messages to a Listener in the declared order per
 // sequence instance, buffers out-of-order messages, runs housekeeping and operator actions.
 //

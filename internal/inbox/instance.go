@@ -28,7 +28,7 @@ RETURNING id`
 const selectInstanceSQL = `SELECT id FROM sequence_instance WHERE name = $1 AND context_id = $2`
 
 // getOrCreateInstance returns the id of the instance of (sequence, contextID), creating it in its
-// own single-statement transaction (SPEC §3.3). It runs outside T1 so that the new instance row is
+// own single-statement transaction (docs/design.md#the-sequence-instance). It runs outside T1 so that the new instance row is
 // committed before any claim references it and no claim holder blocks other creators. Known ids
 // come from the cache, so the insert is tried first: an instance this engine does not know yet is
 // usually a new one. A cached id whose instance housekeeping deleted fails the claim insert's
@@ -268,7 +268,7 @@ func releasable(seq *sequence.Sequence, qualified string, processed map[string]b
 	return true
 }
 
-// needsRelease decides whether a release transaction T2 has anything to do (SPEC §9): a WAITING
+// needsRelease decides whether a release transaction T2 has anything to do (docs/design.md#skipping-t2): a WAITING
 // message whose condition holds, or an open instance whose types are all PROCESSED and which
 // must be closed. A closed instance still releases: a message buffered while T2 closed the
 // instance would otherwise wait forever.

@@ -84,7 +84,7 @@ func TestConcurrentDuplicatesNeverRunTheListenerTwiceAtOnce(t *testing.T) {
 // TestConcurrentDeliveriesReleaseEachMessageOnceInSequenceOrder races workers that each deliver
 // every message of several contexts in their own random order. It proves the claim (exactly
 // one listener call per logical message), the release order, and the safety of skipping T2
-// (SPEC §9): no message is left WAITING and every complete instance is closed.
+// (docs/design.md#skipping-t2): no message is left WAITING and every complete instance is closed.
 func TestConcurrentDeliveriesReleaseEachMessageOnceInSequenceOrder(t *testing.T) {
 	h := newHarness(t, chainSet())
 	h.listener.setBehaviour(func(context.Context, Message) error {
@@ -124,7 +124,7 @@ func TestConcurrentDeliveriesReleaseEachMessageOnceInSequenceOrder(t *testing.T)
 // TestSkippedReleasesLeaveNoMessageWaiting races the messages of many contexts, each delivered
 // exactly once (no duplicate could repair a missed release), with a listener that takes a
 // moment, so that successors are buffered while their predecessor's listener runs. It proves that
-// deciding about T2 after the record's own state commit (SPEC §9) leaves no message WAITING and
+// deciding about T2 after the record's own state commit (docs/design.md#skipping-t2) leaves no message WAITING and
 // closes every complete instance.
 func TestSkippedReleasesLeaveNoMessageWaiting(t *testing.T) {
 	h := newHarness(t, chainSet())
