@@ -465,13 +465,15 @@ type SequenceSpec struct {
 // MessageSpec declares one (qualified) message type of a sequence and how to read it.
 // +kubebuilder:validation:XValidation:rule="!has(self.subtype) || has(self.subtypeFrom)",message="subtypeFrom is required when subtype is set"
 type MessageSpec struct {
-	// Type is the message type, for example the CloudEvents type `OrderCreated`.
+	// Type is the message type: the CloudEvents type as producers send it, for example
+	// `OrderCreated` or `com.example.order.created`. Any printable text, dots included.
 	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:Pattern=`^[^.\s]+$`
+	// +kubebuilder:validation:Pattern=`^[^\x00-\x1F\x7F-\x9F]+$`
 	Type string `json:"type"`
 
-	// Subtype makes the qualified type `<type>.<subtype>`; the value is read per record from
-	// SubtypeFrom.
+	// Subtype makes the qualified type `<type>.<subtype>` (`com.example.order.validated.OK`);
+	// the value is read per record from SubtypeFrom. It must not contain a dot or whitespace:
+	// the last dot of a qualified type separates the subtype.
 	// +optional
 	// +kubebuilder:validation:Pattern=`^[^.\s]+$`
 	Subtype string `json:"subtype,omitempty"`

@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -169,8 +171,8 @@ func (c *compiler) declare(path *field.Path, specs []v1alpha1.SequenceSpec) []*s
 // declareMessage checks one message type without its release condition. It returns nil when the
 // type itself is unusable (no valid qualified type), so later checks do not repeat the error.
 func (c *compiler) declareMessage(path *field.Path, seqIndex int, seqName string, m *v1alpha1.MessageSpec) *entry {
-	typeOK := c.checkName(path.Child("type"), m.Type, true, "the message type, for example the CloudEvents type OrderCreated")
-	subtypeOK := c.checkName(path.Child("subtype"), m.Subtype, false, "the subtype")
+	typeOK := c.checkType(path.Child("type"), m.Type)
+	subtypeOK := c.checkSubtype(path.Child("subtype"), m.Subtype)
 	if !typeOK || !subtypeOK {
 		return nil
 	}
@@ -204,7 +206,18 @@ func (c *compiler) declareMessage(path *field.Path, seqIndex int, seqName string
 		}
 	}
 
-	if prev, dup := c.owner[qualified]; dup {
+	if prev, dup := c.owner[qualified]; dup && prev.mt.Type != m.Type {
+		// Two declarations whose qualified names coincide (a.b, and a with subtype b): a stored
+		// message of that name could not be told apart (docs/design.md#qualified-types).
+		at, value := path.Child("type"), m.Type
+		if m.Subtype != "" {
+			at, value = path.Child("subtype"), m.Subtype
+		}
+		c.errs = append(c.errs, field.Invalid(at, value,
+			fmt.Sprintf("the qualified type %s would be ambiguous: %s declares %s, this entry %s; claims and stored messages are named by the qualified type, so one of them must change its type or subtype",
+				qualified, prev.path, describeQualified(prev.mt), describeQualified(mt))))
+		return nil
+	} else if dup {
 		where := "in the same sequence"
 		if prev.seqIndex != seqIndex {
 			where = fmt.Sprintf("in sequence %q", prev.seqName)
@@ -245,18 +258,34 @@ func (c *compiler) checkSameTypeAgrees(e *entry) {
 	}
 }
 
-// checkName rejects an empty required name and names that would make qualified types ambiguous.
-func (c *compiler) checkName(path *field.Path, name string, required bool, what string) bool {
-	if name == "" {
-		if required {
-			c.errs = append(c.errs, field.Required(path, "set "+what))
-			return false
-		}
-		return true
+// describeQualified says how a declaration forms its qualified type, for the ambiguity error.
+func describeQualified(mt *sequence.MessageType) string {
+	if mt.Subtype == "" {
+		return fmt.Sprintf("type %s without subtype", mt.Type)
 	}
-	if strings.ContainsFunc(name, func(r rune) bool { return r == '.' || r == ' ' || r == '\t' || r == '\n' || r == '\r' }) {
+	return fmt.Sprintf("type %s with subtype %s", mt.Type, mt.Subtype)
+}
+
+// checkType accepts any type a CloudEvents producer may send: a non-empty string of printable
+// characters, dots included (com.example.order.created).
+func (c *compiler) checkType(path *field.Path, name string) bool {
+	switch {
+	case name == "":
+		c.errs = append(c.errs, field.Required(path, "set the message type, for example the CloudEvents type OrderCreated or com.example.order.created"))
+		return false
+	case !utf8.ValidString(name) || strings.ContainsFunc(name, unicode.IsControl):
+		c.errs = append(c.errs, field.Invalid(path, name, "must not contain control characters: a CloudEvents type is printable text"))
+		return false
+	}
+	return true
+}
+
+// checkSubtype rejects subtypes that would make qualified types ambiguous: the subtype is what
+// follows the last dot of a qualified type.
+func (c *compiler) checkSubtype(path *field.Path, name string) bool {
+	if strings.ContainsFunc(name, func(r rune) bool { return r == '.' || unicode.IsSpace(r) || unicode.IsControl(r) }) {
 		c.errs = append(c.errs, field.Invalid(path, name,
-			"must not contain '.' or whitespace: '.' separates type and subtype in a qualified type"))
+			"must not contain '.' or whitespace: the qualified type is <type>.<subtype>, and its last '.' separates the subtype"))
 		return false
 	}
 	return true

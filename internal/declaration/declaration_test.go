@@ -369,16 +369,39 @@ func TestCompileRejects(t *testing.T) {
 			},
 		},
 		{
-			name: "type and subtype must not contain a dot",
+			name: "a subtype must not contain a dot, a type no control character",
 			sequences: `
 - name: order
   retention: 24h
   messages:
-  - {type: Order.Created}
+  - {type: "Order\tCreated"}
   - {type: V, subtype: "A.B", subtypeFrom: {header: ce_result}}`,
 			want: []wantErr{
-				{"spec.sequences[0].messages[0].type", field.ErrorTypeInvalid, []string{"must not contain '.'"}},
-				{"spec.sequences[0].messages[1].subtype", field.ErrorTypeInvalid, []string{"must not contain '.'"}},
+				{"spec.sequences[0].messages[0].type", field.ErrorTypeInvalid, []string{"must not contain control characters"}},
+				{"spec.sequences[0].messages[1].subtype", field.ErrorTypeInvalid, []string{"must not contain '.'", "last '.' separates the subtype"}},
+			},
+		},
+		{
+			name: "a dotted type and a type with subtype of the same qualified name are ambiguous",
+			sequences: `
+- name: order
+  retention: 24h
+  messages:
+  - {type: com.example.order.validated, subtype: OK, subtypeFrom: {header: ce_result}}
+- name: audit
+  retention: 24h
+  messages:
+  - {type: com.example.order.validated.OK}
+  - {type: com.example.order, subtype: validated, subtypeFrom: {header: ce_step}}
+  - {type: com.example.order.validated}`,
+			want: []wantErr{
+				{"spec.sequences[1].messages[0].type", field.ErrorTypeInvalid, []string{
+					"the qualified type com.example.order.validated.OK would be ambiguous",
+					"spec.sequences[0].messages[0] declares type com.example.order.validated with subtype OK",
+					"type com.example.order.validated.OK without subtype"}},
+				{"spec.sequences[1].messages[2].type", field.ErrorTypeInvalid, []string{
+					"the qualified type com.example.order.validated would be ambiguous",
+					"spec.sequences[1].messages[1] declares type com.example.order with subtype validated"}},
 			},
 		},
 		{
@@ -582,6 +605,15 @@ func TestCompileAcceptsValidDeclarations(t *testing.T) {
   messages:
   - {type: A, contextId: {jsonPointer: "/a~0b/c~1d/0"}}
   - {type: B, contextId: {jsonPointer: "/"}}`},
+		{"CloudEvents types with dots, with and without subtypes, as predecessors", `
+- name: order
+  retention: 1h
+  messages:
+  - {type: com.example.order.created}
+  - {type: com.example.order.validated, subtype: OK, subtypeFrom: {header: ce_result}, releaseCondition: {predecessor: com.example.order.created}}
+  - {type: com.example.order.validated, subtype: FAILED, subtypeFrom: {header: ce_result}}
+  - {type: com.example.order, subtype: archived, subtypeFrom: {header: ce_step}}
+  - {type: "com.example.order.paid v2", releaseCondition: {predecessor: com.example.order.validated.OK}}`},
 		{"the same operand in different branches", `
 - name: s
   retention: 1h
@@ -729,5 +761,44 @@ sequences:
 	})
 	if spec.Sink.InitialBackoff.Duration != 200*time.Millisecond || spec.Housekeeping.ExpiryDelay.Duration != time.Hour {
 		t.Errorf("valid durations beside the malformed ones decoded as %s and %s", spec.Sink.InitialBackoff, spec.Housekeeping.ExpiryDelay)
+	}
+}
+
+// TestSplitReadsStoredNamesByTheDeclaration reads qualified types as the engine stores them back
+// into type and subtype: declared names by their declaration, names stored before types could
+// contain dots as they were, a subtype no longer declared by its declared type, anything else as
+// a type. Joining the parts again always gives the stored name.
+func TestSplitReadsStoredNamesByTheDeclaration(t *testing.T) {
+	set, errs := Compile(specOf(t, `
+- name: order
+  retention: 1h
+  messages:
+  - {type: OrderCreated}
+  - {type: OrderValidated, subtype: STOCK_AVAILABLE, subtypeFrom: {header: ce_result}}
+  - {type: com.example.order.created}
+  - {type: com.example.order.validated, subtype: OK, subtypeFrom: {header: ce_result}}
+  - {type: com.example.order, subtype: archived, subtypeFrom: {header: ce_step}}`))
+	if len(errs) > 0 {
+		t.Fatal(errs.ToAggregate())
+	}
+	for stored, want := range map[string][2]string{
+		"OrderCreated":                      {"OrderCreated", ""},
+		"OrderValidated.STOCK_AVAILABLE":    {"OrderValidated", "STOCK_AVAILABLE"},
+		"OrderValidated.GONE":               {"OrderValidated", "GONE"},
+		"com.example.order.created":         {"com.example.order.created", ""},
+		"com.example.order.validated.OK":    {"com.example.order.validated", "OK"},
+		"com.example.order.validated.LATER": {"com.example.order.validated", "LATER"},
+		"com.example.order.archived":        {"com.example.order", "archived"},
+		"com.example.order.shipped":         {"com.example.order", "shipped"},
+		"com.example.invoice.sent":          {"com.example.invoice.sent", ""},
+		"Undeclared":                        {"Undeclared", ""},
+	} {
+		typ, subtype := set.Split(stored)
+		if typ != want[0] || subtype != want[1] {
+			t.Errorf("Split(%q) = %q, %q; want %q, %q", stored, typ, subtype, want[0], want[1])
+		}
+		if again := sequence.Qualify(typ, subtype); again != stored {
+			t.Errorf("Qualify(Split(%q)) = %q", stored, again)
+		}
 	}
 }

@@ -9,7 +9,11 @@ import (
 	"time"
 )
 
-// Qualify joins a message type and an optional subtype into the qualified type ("Type.Subtype").
+// Qualify joins a message type and an optional subtype into the qualified type: the type alone,
+// or type, '.', subtype. A type may contain dots (com.example.order.created), a subtype may not,
+// so the subtype of a qualified type is what follows its last dot, if the declaration has one
+// there (Set.Split); names written before types could contain dots are read as they were.
+// See docs/design.md#qualified-types.
 func Qualify(typ, subtype string) string {
 	if subtype == "" {
 		return typ
@@ -252,6 +256,22 @@ func (s *Set) Sequence(name string) (*Sequence, bool) {
 func (s *Set) Lookup(qualified string) (*MessageType, bool) {
 	t, ok := s.byQualified[qualified]
 	return t, ok
+}
+
+// Split recovers type and subtype of a stored qualified type by the declaration: a declared
+// qualified type is its declaration's; otherwise, when the part before its last dot is a declared
+// type, the part after it is the subtype (a subtype that is no longer declared); otherwise the
+// whole name is the type. Qualify(Split(q)) is q either way.
+func (s *Set) Split(qualified string) (typ, subtype string) {
+	if t, ok := s.byQualified[qualified]; ok {
+		return t.Type, t.Subtype
+	}
+	if i := strings.LastIndexByte(qualified, '.'); i > 0 && i < len(qualified)-1 {
+		if _, declared := s.byType[qualified[:i]]; declared {
+			return qualified[:i], qualified[i+1:]
+		}
+	}
+	return qualified, ""
 }
 
 // TypesOf returns every declaration of a (unqualified) message type, one per declared subtype,
