@@ -1,7 +1,7 @@
 // Package migrations holds the database schema of seqinbox as ordered SQL files embedded in the
-// binary, and the runner that applies them (docs/design.md#migrations): each file once, in its own transaction
-// together with its ledger row, serialized across migrators by a transaction-level PostgreSQL
-// advisory lock, so that it works behind a pooler in transaction mode.
+// binary, and the runner that applies them (docs/design.md#migrations): each file once, in its own
+// transaction together with its ledger row, serialized across migrators by a transaction-level
+// PostgreSQL advisory lock, so that it works behind a pooler in transaction mode.
 package migrations
 
 import (

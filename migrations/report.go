@@ -50,7 +50,8 @@ type LiveConsumer struct {
 	Blocked *BlockedRecord `json:"blocked,omitempty"`
 }
 
-// BlockedRecord is a record a consumer retries after infrastructure errors (docs/design.md#records-retried-for-long).
+// BlockedRecord is a record a consumer retries after infrastructure errors
+// (docs/design.md#records-retried-for-long).
 type BlockedRecord struct {
 	Topic     string `json:"topic"`
 	Partition int32  `json:"partition"`

@@ -1,8 +1,9 @@
-// Package consumer is the consumer runtime of one SequentialInbox (docs/design.md#consumer-runtime): a franz-go group
-// consumer that decodes CloudEvents records, hands them to the claim engine, dead-letters what
-// cannot be processed and commits an offset only after the engine decided about its record. It
-// keeps the database schema and the version fence in view (it fetches only while both pass),
-// runs housekeeping and operator actions, and serves health, readiness and metrics.
+// Package consumer is the consumer runtime of one SequentialInbox
+// (docs/design.md#consumer-runtime): a franz-go group consumer that decodes CloudEvents records,
+// hands them to the claim engine, dead-letters what cannot be processed and commits an offset only
+// after the engine decided about its record. It keeps the database schema and the version fence in
+// view (it fetches only while both pass), runs housekeeping and operator actions, and serves
+// health, readiness and metrics.
 //
 // Records of one sequence instance, and records of one Kafka key, are processed in offset order;
 // everything else runs in parallel, within a partition too (keyed.go), at most poolSize/2 records

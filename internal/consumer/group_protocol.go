@@ -24,15 +24,15 @@ import (
 	"github.com/seqinbox/seqinbox/internal/version"
 )
 
-// The broker is the last of the three fences that keep consumers of different claim semantics
-// apart (docs/design.md#broker-group-protocol). A consumer announces exactly one group protocol, named after its claim
-// protocol (manifest.GroupProtocol), and assigns partitions with franz-go's cooperative-sticky
-// balancer under that name. The broker refuses a joining member that supports none of the
-// protocols every member of the group supports (INCONSISTENT_GROUP_PROTOCOL), so whoever holds
-// the group keeps it: a consumer of another claim protocol, or any client with the ordinary
-// assignors (range, cooperative-sticky, ...), never shares a generation with ours. While refused,
-// the consumer stays not ready, reports who holds the group, and franz-go retries the join with
-// its backoff (250ms doubling to 5s); it consumes as soon as the holders left.
+// The broker is the last of the three fences that keep consumers of different claim semantics apart
+// (docs/design.md#broker-group-protocol). A consumer announces exactly one group protocol, named
+// after its claim protocol (manifest.GroupProtocol), and assigns partitions with franz-go's
+// cooperative-sticky balancer under that name. The broker refuses a joining member that supports
+// none of the protocols every member of the group supports (INCONSISTENT_GROUP_PROTOCOL), so
+// whoever holds the group keeps it: a consumer of another claim protocol, or any client with the
+// ordinary assignors (range, cooperative-sticky, ...), never shares a generation with ours. While
+// refused, the consumer stays not ready, reports who holds the group, and franz-go retries the join
+// with its backoff (250ms doubling to 5s); it consumes as soon as the holders left.
 
 // build is what a consumer speaks: its engine version and claim protocol.
 type build struct {

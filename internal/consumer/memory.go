@@ -9,12 +9,13 @@ import (
 	"github.com/seqinbox/seqinbox/internal/inbox"
 )
 
-// The records a consumer holds between fetching and finishing them are bounded in bytes (docs/design.md#bounded-memory):
-// a partition whose worker holds records stops fetching while the consumer holds more than its
-// bound, and fetches again once the consumer is down to half the bound, or once the partition holds
-// nothing (so that a partition stuck behind a slow record never keeps the others from fetching).
-// A record larger than the bound is still fetched and processed: fetching pauses only after a
-// fetch has been handed over, never before the first record of a partition.
+// The records a consumer holds between fetching and finishing them are bounded in bytes
+// (docs/design.md#bounded-memory): a partition whose worker holds records stops fetching while the
+// consumer holds more than its bound, and fetches again once the consumer is down to half the
+// bound, or once the partition holds nothing (so that a partition stuck behind a slow record never
+// keeps the others from fetching). A record larger than the bound is still fetched and processed:
+// fetching pauses only after a fetch has been handed over, never before the first record of a
+// partition.
 const (
 	// defaultMaxBufferedBytes bounds the records of a consumer whose container has no memory limit.
 	defaultMaxBufferedBytes = 128 << 20

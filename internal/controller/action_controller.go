@@ -32,11 +32,11 @@ import (
 const actionWait = 2 * time.Minute
 
 // ActionReconciler records the operator actions requested as SequentialInboxAction resources
-// (docs/design.md#operator-actions) in their inbox's database. Like the schema migration it never talks SQL: it runs
-// `seqinbox action` as a Job from the inbox's image, with the inbox's database Secret and the
-// same Job builder, and reads the result from the Job's termination message. An action is
-// recorded once; the Job then awaits its execution by a consumer. Executed and Failed are final,
-// and nothing is deleted.
+// (docs/design.md#operator-actions) in their inbox's database. Like the schema migration it never
+// talks SQL: it runs `seqinbox action` as a Job from the inbox's image, with the inbox's database
+// Secret and the same Job builder, and reads the result from the Job's termination message. An
+// action is recorded once; the Job then awaits its execution by a consumer. Executed and Failed are
+// final, and nothing is deleted.
 type ActionReconciler struct {
 	// jobs is the SequentialInbox reconciler, whose clients, options and Job helpers are shared.
 	jobs *Reconciler

@@ -1,8 +1,9 @@
-// Package controller reconciles SequentialInbox resources (docs/design.md#the-operator) and records the operator
-// actions requested as SequentialInboxAction resources (docs/design.md#operator-actions). It never talks SQL itself: the
-// database is reached only through `seqinbox migrate` and `seqinbox action` Jobs from the inbox's
-// image, whose JSON reports it reads back from the Jobs' termination messages, and Kafka only
-// through the GroupInspector interface.
+// Package controller reconciles SequentialInbox resources (docs/design.md#the-operator) and records
+// the operator actions requested as SequentialInboxAction resources
+// (docs/design.md#operator-actions). It never talks SQL itself: the database is reached only
+// through `seqinbox migrate` and `seqinbox action` Jobs from the inbox's image, whose JSON reports
+// it reads back from the Jobs' termination messages, and Kafka only through the GroupInspector
+// interface.
 //
 // # One pass
 //

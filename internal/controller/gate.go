@@ -17,11 +17,12 @@ import (
 )
 
 // The rollout gate keeps consumers of different claim protocols from ever processing at the same
-// time (docs/design.md#rollout-gate-and-claim-protocol). A rollout between images of the same claim protocol is a normal rolling update.
-// Any other rollout — a different protocol, or one the operator cannot prove equal, such as pods
-// of an unknown version — runs as: (approval, for Supervised) → stop the old consumers → wait
-// until their pods are gone, the Kafka consumer group has no members and the database registry
-// lists no live consumer of another protocol → migrate → start the new version.
+// time (docs/design.md#rollout-gate-and-claim-protocol). A rollout between images of the same claim
+// protocol is a normal rolling update. Any other rollout — a different protocol, or one the
+// operator cannot prove equal, such as pods of an unknown version — runs as: (approval, for
+// Supervised) → stop the old consumers → wait until their pods are gone, the Kafka consumer group
+// has no members and the database registry lists no live consumer of another protocol → migrate →
+// start the new version.
 //
 // Each wait is a policy: a small function of the observed gateInput that returns a verdict: pass,
 // or block with a reason, a message and when to look again. The policies form one chain, evaluated

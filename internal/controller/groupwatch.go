@@ -10,11 +10,11 @@ import (
 )
 
 // watchGroup names the members that keep the consumers out of the Kafka consumer group. The
-// consumers announce only their group protocol (docs/design.md#broker-group-protocol), so while members of another one hold
-// the group — the team's previous application, a consumer of another claim protocol started by
-// hand — the broker refuses them and they wait, not ready. Only a person can stop those members;
-// the Degraded condition says which. The group is read only while consumers that should run are
-// not all available, and again after PollInterval until they are.
+// consumers announce only their group protocol (docs/design.md#broker-group-protocol), so while
+// members of another one hold the group — the team's previous application, a consumer of another
+// claim protocol started by hand — the broker refuses them and they wait, not ready. Only a person
+// can stop those members; the Degraded condition says which. The group is read only while consumers
+// that should run are not all available, and again after PollInterval until they are.
 func (r *Reconciler) watchGroup(ctx context.Context, s *scope) (phaseResult, error) {
 	if desiredReplicas(s.deployment) == 0 || !s.target.known() {
 		return proceed, nil

@@ -9,8 +9,8 @@ import (
 )
 
 // parseReport decodes the report that `seqinbox migrate --output json` wrote to the termination
-// message of a successful Job (docs/design.md#command-line); a report without claim protocol or engine version is
-// not one.
+// message of a successful Job (docs/design.md#command-line); a report without claim protocol or
+// engine version is not one.
 func parseReport(message string) (*migrations.Report, error) {
 	var r migrations.Report
 	if err := json.Unmarshal([]byte(message), &r); err != nil {

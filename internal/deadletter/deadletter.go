@@ -1,6 +1,7 @@
 // Package deadletter moves records the consumer cannot process to the dead-letter topic, with
-// headers that say why (docs/design.md#failures-and-dead-letters), and moves them back to their original topic on request (the
-// `seqinbox deadletters retry` command), where the engine processes them as new deliveries.
+// headers that say why (docs/design.md#failures-and-dead-letters), and moves them back to their
+// original topic on request (the `seqinbox deadletters retry` command), where the engine processes
+// them as new deliveries.
 package deadletter
 
 import (

@@ -25,7 +25,8 @@ import (
 	"github.com/seqinbox/seqinbox/internal/sequence"
 )
 
-// Error classes: the dead-letter reason of a record that cannot be decoded (docs/design.md#failures-and-dead-letters).
+// Error classes: the dead-letter reason of a record that cannot be decoded
+// (docs/design.md#failures-and-dead-letters).
 const (
 	// ClassInvalidCloudEvent: neither a binary- nor a structured-mode CloudEvent, a missing
 	// source, or a specversion other than 1.0.
@@ -170,7 +171,8 @@ func (d *Decoder) Decode(r *kgo.Record, receivedAt time.Time) (inbox.Record, err
 	idempotenceID, idErr := f.read(mt.IdempotenceID)
 	rec.IdempotenceID = idempotenceID
 	if !rec.Sequenced || rec.ContextID == "" && ctxErr == nil {
-		// Delivered without sequencing (docs/design.md#records-that-are-not-sequenced): neither ID is needed.
+		// Delivered without sequencing (docs/design.md#records-that-are-not-sequenced): neither ID
+		// is needed.
 		return rec, nil
 	}
 	if ctxErr != nil {
@@ -410,7 +412,8 @@ func isStructured(hs []inbox.Header) bool {
 }
 
 // toBinaryMode replaces a structured-mode record's envelope by its data and its attributes by
-// `ce_<name>` headers (header sources work in both modes: docs/design.md#cloudevents-records). Other headers are kept.
+// `ce_<name>` headers (header sources work in both modes: docs/design.md#cloudevents-records).
+// Other headers are kept.
 func toBinaryMode(rec *inbox.Record) error {
 	dec := json.NewDecoder(bytes.NewReader(rec.Value))
 	dec.UseNumber()

@@ -144,8 +144,9 @@ func (c *consumer) waitReady(ctx context.Context) error {
 // SIGTERM before it is killed.
 const stopGrace = 15 * time.Second
 
-// stop sends SIGTERM (finish in-flight work, commit, leave the group; docs/design.md#shutdown-and-revocation), waits, and kills
-// the process after stopGrace. It reports a consumer that did not exit cleanly.
+// stop sends SIGTERM (finish in-flight work, commit, leave the group;
+// docs/design.md#shutdown-and-revocation), waits, and kills the process after stopGrace. It reports
+// a consumer that did not exit cleanly.
 func (c *consumer) stop() error {
 	select {
 	case <-c.done:

@@ -1,9 +1,10 @@
-// Package demo runs the whole claim engine locally on embedded defaults (`make demo`, docs/design.md#development-environment):
-// an embedded Kafka broker, a temporary PostgreSQL database, a sink that records what it
-// receives, and two `seqinbox consume` processes of the sample declaration in different consumer
-// groups, so that every record reaches the claim engine twice, concurrently. It sends orders
-// whose events arrive out of order, duplicated, filtered, rejected once and poisoned, and judges
-// what the sink received against the declaration's release conditions.
+// Package demo runs the whole claim engine locally on embedded defaults (`make demo`,
+// docs/design.md#development-environment): an embedded Kafka broker, a temporary PostgreSQL
+// database, a sink that records what it receives, and two `seqinbox consume` processes of the
+// sample declaration in different consumer groups, so that every record reaches the claim engine
+// twice, concurrently. It sends orders whose events arrive out of order, duplicated, filtered,
+// rejected once and poisoned, and judges what the sink received against the declaration's release
+// conditions.
 package demo
 
 import (

@@ -21,7 +21,8 @@ type Counter struct {
 }
 
 // engineCounters are the rows of the report's claim-engine table: what became of the records
-// (internal/consumer), and the claim engine's and the sink client's own counters (docs/design.md#metrics).
+// (internal/consumer), and the claim engine's and the sink client's own counters
+// (docs/design.md#metrics).
 func engineCounters() []Counter {
 	outcome := func(label, o string) Counter {
 		return Counter{Label: label, Metric: "seqinbox_records_total", Labels: map[string]string{"outcome": o}}

@@ -81,8 +81,8 @@ func (s *Sink) Close() error {
 	return nil
 }
 
-// ServeHTTP implements http.Handler: it checks the CloudEvents binary-mode request (docs/design.md#sink-request),
-// records it and answers.
+// ServeHTTP implements http.Handler: it checks the CloudEvents binary-mode request
+// (docs/design.md#sink-request), records it and answers.
 func (s *Sink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		http.Error(w, "POST a CloudEvent", http.StatusMethodNotAllowed)

@@ -105,8 +105,9 @@ func Check(set *sequence.Set, sc *Scenario, deliveries []Delivery, deadLetters [
 	for _, e := range sc.Events() {
 		want := 1
 		if e.Test {
-			// A message that is not sequenced bypasses the claim (docs/design.md#records-that-are-not-sequenced): every consumer group
-			// that reads its record delivers it.
+			// A message that is not sequenced bypasses the claim
+			// (docs/design.md#records-that-are-not-sequenced): every consumer group that reads its
+			// record delivers it.
 			want = sendsOf[e] * groups
 			v.Unsequenced++
 		} else {

@@ -1,8 +1,8 @@
-// Package fence is the engine side of the version fence (docs/design.md#the-version-fence): before and while a
-// consumer processes, it checks that the database schema is the one this build needs and that no
-// live consumer of the same group speaks another claim protocol. Consumers register in the
-// consumer_registry table and heartbeat there; a consumer is live while its heartbeat is younger
-// than the liveness window.
+// Package fence is the engine side of the version fence (docs/design.md#the-version-fence): before
+// and while a consumer processes, it checks that the database schema is the one this build needs
+// and that no live consumer of the same group speaks another claim protocol. Consumers register in
+// the consumer_registry table and heartbeat there; a consumer is live while its heartbeat is
+// younger than the liveness window.
 //
 // Heartbeat timestamps come from the database server's clock (now()), and liveness is judged by
 // the same clock, so clock skew between consumer hosts never makes a consumer look live or dead.

@@ -1,6 +1,7 @@
-// Package inbox is the claim engine of the sequential inbox (docs/design.md#processing-one-record): it claims each logical
-// message once in PostgreSQL, hands released messages to a Listener in the declared order per
-// sequence instance, buffers out-of-order messages, runs housekeeping and operator actions.
+// Package inbox is the claim engine of the sequential inbox (docs/design.md#processing-one-record):
+// it claims each logical message once in PostgreSQL, hands released messages to a Listener in the
+// declared order per sequence instance, buffers out-of-order messages, runs housekeeping and
+// operator actions.
 //
 // Transactions, one function each:
 //   - getOrCreateInstance: the sequence instance row, in its own short transaction.

@@ -28,11 +28,11 @@ RETURNING id`
 const selectInstanceSQL = `SELECT id FROM sequence_instance WHERE name = $1 AND context_id = $2`
 
 // getOrCreateInstance returns the id of the instance of (sequence, contextID), creating it in its
-// own single-statement transaction (docs/design.md#the-sequence-instance). It runs outside T1 so that the new instance row is
-// committed before any claim references it and no claim holder blocks other creators. Known ids
-// come from the cache, so the insert is tried first: an instance this engine does not know yet is
-// usually a new one. A cached id whose instance housekeeping deleted fails the claim insert's
-// foreign key, and Process evicts it and asks again.
+// own single-statement transaction (docs/design.md#the-sequence-instance). It runs outside T1 so
+// that the new instance row is committed before any claim references it and no claim holder blocks
+// other creators. Known ids come from the cache, so the insert is tried first: an instance this
+// engine does not know yet is usually a new one. A cached id whose instance housekeeping deleted
+// fails the claim insert's foreign key, and Process evicts it and asks again.
 func (e *Engine) getOrCreateInstance(ctx context.Context, q querier, seq *sequence.Sequence, contextID string) (int64, error) {
 	key := instanceKey{seq.Name, contextID}
 	if id, ok := e.instances.get(key); ok {
@@ -268,10 +268,10 @@ func releasable(seq *sequence.Sequence, qualified string, processed map[string]b
 	return true
 }
 
-// needsRelease decides whether a release transaction T2 has anything to do (docs/design.md#skipping-t2): a WAITING
-// message whose condition holds, or an open instance whose types are all PROCESSED and which
-// must be closed. A closed instance still releases: a message buffered while T2 closed the
-// instance would otherwise wait forever.
+// needsRelease decides whether a release transaction T2 has anything to do
+// (docs/design.md#skipping-t2): a WAITING message whose condition holds, or an open instance whose
+// types are all PROCESSED and which must be closed. A closed instance still releases: a message
+// buffered while T2 closed the instance would otherwise wait forever.
 //
 // Skipping T2 when this is false is safe because the state is read after the record's own state
 // commit, and every state change that could make a release necessary runs this check after its

@@ -122,10 +122,10 @@ func TestConcurrentDeliveriesReleaseEachMessageOnceInSequenceOrder(t *testing.T)
 }
 
 // TestSkippedReleasesLeaveNoMessageWaiting races the messages of many contexts, each delivered
-// exactly once (no duplicate could repair a missed release), with a listener that takes a
-// moment, so that successors are buffered while their predecessor's listener runs. It proves that
-// deciding about T2 after the record's own state commit (docs/design.md#skipping-t2) leaves no message WAITING and
-// closes every complete instance.
+// exactly once (no duplicate could repair a missed release), with a listener that takes a moment,
+// so that successors are buffered while their predecessor's listener runs. It proves that deciding
+// about T2 after the record's own state commit (docs/design.md#skipping-t2) leaves no message
+// WAITING and closes every complete instance.
 func TestSkippedReleasesLeaveNoMessageWaiting(t *testing.T) {
 	h := newHarness(t, chainSet())
 	h.listener.setBehaviour(func(context.Context, Message) error {

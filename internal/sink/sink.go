@@ -1,9 +1,10 @@
 // Package sink delivers released messages to the team's HTTP service as CloudEvents 1.0 in binary
-// mode (docs/design.md#sink-request): an HTTP POST with the original body and content type byte for byte, the
-// CloudEvents attributes as ce- headers, plus ce-seqinboxsequence and ce-seqinboxcontextid, the
-// trace context and the record headers the inbox allow-lists; nothing else of the record. It is
-// the engine's inbox.Listener. Transient failures (connection errors, timeouts, 408, 429, 5xx) are
-// retried with exponential backoff and jitter; any other non-2xx answer fails at once.
+// mode (docs/design.md#sink-request): an HTTP POST with the original body and content type byte for
+// byte, the CloudEvents attributes as ce- headers, plus ce-seqinboxsequence and
+// ce-seqinboxcontextid, the trace context and the record headers the inbox allow-lists; nothing
+// else of the record. It is the engine's inbox.Listener. Transient failures (connection errors,
+// timeouts, 408, 429, 5xx) are retried with exponential backoff and jitter; any other non-2xx
+// answer fails at once.
 package sink
 
 import (
@@ -26,7 +27,8 @@ import (
 	"github.com/seqinbox/seqinbox/internal/inbox"
 )
 
-// Extension attributes that name the sequence and context of a delivered message (docs/design.md#sink-request).
+// Extension attributes that name the sequence and context of a delivered message
+// (docs/design.md#sink-request).
 const (
 	SequenceHeader  = "ce-seqinboxsequence"
 	ContextIDHeader = "ce-seqinboxcontextid"

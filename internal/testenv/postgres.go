@@ -23,7 +23,8 @@ import (
 // tests create their own). hack/postgres.sh sets it up for `make test`.
 const DatabaseURLEnv = "SEQINBOX_TEST_DATABASE_URL"
 
-// defaultServerURL is the server a developer machine is expected to run (see docs/design.md#development-environment).
+// defaultServerURL is the server a developer machine is expected to run (see
+// docs/design.md#development-environment).
 const defaultServerURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
 // ServerURL returns the URL of the PostgreSQL server the tests use, checking that it answers.
