@@ -11,7 +11,7 @@
 // the phases of reconcilePhases (the inner reconcile) in order. Each phase lets the pass go on,
 // stops it to wait (for a watch event or a time), or fails it:
 //
-//  1. validate: declaration.Compile (the §5 rules, the same function the consumer runs) and the
+//  1. validate: declaration.Compile (docs/design.md#the-declaration, the same function the consumer runs) and the
 //     connection budget; an invalid spec stops here, before anything that runs is touched, with
 //     ConfigValid=False naming every field. A poll interval that cannot cover the worst case of
 //     one record is a warning (Degraded).

@@ -8,12 +8,12 @@ import (
 	"github.com/seqinbox/seqinbox/internal/sink"
 )
 
-// validate runs the semantic validation that the CRD schema cannot express: the §5 rules of the
-// sequences (declaration.Compile, the same function the consumer builds its engine with), the
-// headers the sink may forward (sink.CheckForwardHeaders, the list the consumer's sink accepts)
-// and the connection budget. An invalid spec stops the pass before anything running is touched, and
-// ConfigValid names every offending field. A poll interval that cannot cover the worst case is
-// a warning (Degraded), not an error.
+// validate runs the semantic validation that the CRD schema cannot express: the rules of the
+// sequences (docs/design.md#the-declaration; declaration.Compile, the same function the consumer
+// builds its engine with), the headers the sink may forward (sink.CheckForwardHeaders, the list
+// the consumer's sink accepts) and the connection budget. An invalid spec stops the pass before
+// anything running is touched, and ConfigValid names every offending field. A poll interval that
+// cannot cover the worst case is a warning (Degraded), not an error.
 func (r *Reconciler) validate(_ context.Context, s *scope) (phaseResult, error) {
 	set, errs := declaration.Compile(&s.inbox.Spec)
 	errs = append(errs, sink.CheckForwardHeaders(sink.ForwardHeadersPath, s.inbox.Spec.Sink.ForwardHeaders)...)
