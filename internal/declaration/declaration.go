@@ -1,7 +1,8 @@
 // Package declaration compiles the sequences of a SequentialInbox spec into the immutable
 // sequence.Set that the claim engine reads, and rejects every declaration that cannot work
-// (docs/design.md#the-declaration). The operator calls Compile to validate a resource, the consumer calls it to build its engine:
-// one function, so that both always agree on what a declaration means.
+// (docs/design.md#the-declaration). The operator calls Compile to validate a resource, the consumer
+// calls it to build its engine: one function, so that both always agree on what a declaration
+// means.
 package declaration
 
 import (
