@@ -85,7 +85,7 @@ test: verify vet lint envtest ## Run every test against real PostgreSQL, envtest
 	SEQINBOX_TEST_DATABASE_URL="$$(hack/postgres.sh)" go test $(GOTEST_FLAGS) -tags dev ./cmd/seqinbox/...
 	@echo "tests behind PgBouncer in transaction pooling mode (hack/pgbouncer.sh)"
 	SEQINBOX_TEST_DATABASE_URL="$$(hack/pgbouncer.sh)" go test $(GOTEST_FLAGS) -run 'BehindAPooler' ./migrations/
-	SEQINBOX_TEST_DATABASE_URL="$$(hack/pgbouncer.sh)" go test $(GOTEST_FLAGS) -run 'Racing|Concurrent|Duplicate|Loser' -skip 'Housekeeping' ./internal/inbox/
+	SEQINBOX_TEST_DATABASE_URL="$$(hack/pgbouncer.sh)" go test $(GOTEST_FLAGS) -run 'Racing|Concurrent|Duplicate|Loser|Undersized|OneLeader|LeadsHousekeeping|DatabaseWide' ./internal/inbox/
 
 # FUZZTIME is how long `make fuzz` (and so `make test`) runs each fuzz target beyond its seed
 # corpus (testdata/fuzz, which every `go test` run replays).

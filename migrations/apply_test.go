@@ -17,7 +17,7 @@ import (
 
 // contractTables are the tables other packages code against (docs/design.md#tables).
 var contractTables = []string{
-	"buffered_message", "consumer_registry", "operator_action", migrations.OwnerTable, migrations.LedgerTable, "sequence_instance", "sequenced_message",
+	"buffered_message", "consumer_registry", "housekeeping_lease", "operator_action", migrations.OwnerTable, migrations.LedgerTable, "sequence_instance", "sequenced_message",
 	"sequential_inbox_idempotence",
 }
 

@@ -128,7 +128,8 @@ func (s *session) poll(ctx context.Context) {
 	}
 }
 
-// dispatch queues a partition's records at its worker (which pauses fetching when it holds too much).
+// dispatch queues a partition's records at its worker (which pauses fetching when it holds too
+// much).
 func (s *session) dispatch(fp kgo.FetchTopicPartition) {
 	tp := topicPartition{fp.Topic, fp.Partition}
 	s.mu.Lock()
@@ -304,20 +305,32 @@ func (s *session) commitPeriodically(ctx context.Context) {
 }
 
 // housekeepPeriodically runs housekeeping every spec.housekeeping.interval on the one consumer
-// that holds the housekeeping lock (the leader, which alone serves the database-wide gauges); a
-// run in progress finishes after ctx ends, then the lead is given up.
+// that holds the housekeeping lease (the leader, which alone serves the database-wide gauges). In
+// between it takes or renews the lease at once and every third of its length, so that the leader
+// keeps it between runs and another consumer takes it over within about a lease after the leader
+// stopped renewing. A run in progress finishes after ctx ends, then the lead is given up; one
+// goroutine does all of it, so that nothing takes the lead again after it was given up.
 func (p *processor) housekeepPeriodically(ctx context.Context) {
 	defer p.engine.ResignHousekeeping()
-	if _, err := p.engine.LeadHousekeeping(ctx); err != nil {
-		p.c.log.Error(err, "taking the housekeeping lead failed; trying again at the next housekeeping interval")
-	}
 	spec := &p.c.cfg.Inbox.Spec
 	hc := inbox.HousekeepingConfig{
 		ExpiryDelay: spec.Housekeeping.ExpiryDelay.Duration,
 		BatchSize:   int(spec.Housekeeping.BatchSize),
 		MaxDuration: spec.Housekeeping.MaxDuration.Duration,
 	}
-	for p.c.sleep(ctx, spec.Housekeeping.Interval.Duration) {
+	renew, untilRun := inbox.HousekeepingLease/3, spec.Housekeeping.Interval.Duration
+	for {
+		if _, err := p.engine.LeadHousekeeping(ctx); err != nil && ctx.Err() == nil {
+			p.c.log.Error(err, "taking or renewing the housekeeping lead failed; trying again", "in", min(renew, untilRun).String())
+		}
+		step := min(renew, untilRun)
+		if !p.c.sleep(ctx, step) {
+			return
+		}
+		if untilRun -= step; untilRun > 0 {
+			continue
+		}
+		untilRun = spec.Housekeeping.Interval.Duration
 		rep, err := p.engine.Housekeep(p.c.work, hc, p.publisher)
 		if err != nil {
 			p.c.log.Error(err, "housekeeping failed")

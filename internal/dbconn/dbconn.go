@@ -53,7 +53,7 @@ func PoolConfig(connString string, log logr.Logger) (*pgxpool.Config, error) {
 			if err != nil {
 				return err
 			}
-			pooled, err := behindPooler(ctx, probe)
+			pooled, err := BehindPooler(ctx, probe)
 			_ = probe.Close(ctx)
 			if err != nil {
 				return err
@@ -77,7 +77,7 @@ func Connect(ctx context.Context, connString string, log logr.Logger) (*pgx.Conn
 	if err != nil || modeNamed(connString) {
 		return conn, err
 	}
-	pooled, err := behindPooler(ctx, conn)
+	pooled, err := BehindPooler(ctx, conn)
 	if err != nil {
 		_ = conn.Close(ctx)
 		return nil, err
@@ -102,10 +102,10 @@ func modeFor(pooled bool, log logr.Logger) pgx.QueryExecMode {
 	return pgx.QueryExecModeExec
 }
 
-// behindPooler reports whether conn reaches PostgreSQL through a pooler: the process ID that the
+// BehindPooler reports whether conn reaches PostgreSQL through a pooler: the process ID that the
 // startup announced is then the pooler's, not the one of the backend that answers. The query
-// prepares nothing.
-func behindPooler(ctx context.Context, conn *pgx.Conn) (bool, error) {
+// prepares nothing. The engine asks it too: behind a pooler it holds server connections itself.
+func BehindPooler(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	var pid uint32
 	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`, pgx.QueryExecModeSimpleProtocol).Scan(&pid); err != nil {
 		return false, fmt.Errorf("read the backend process ID: %w", err)

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// MessageAction is an operator action on one logical message (SPEC §6).
+// MessageAction is an operator action on one logical message (docs/design.md#operator-actions).
 type MessageAction string
 
 const (
@@ -21,7 +21,7 @@ const (
 	ActionExpire MessageAction = "EXPIRE"
 )
 
-// InstanceAction is an operator action on one sequence instance (SPEC §6).
+// InstanceAction is an operator action on one sequence instance (docs/design.md#operator-actions).
 type InstanceAction string
 
 const (
@@ -190,7 +190,7 @@ func (e *Engine) RunPendingActions(ctx context.Context, dl DeadLetterer) (int, e
 		return 0, fmt.Errorf("pending actions: maintenance pool: %w", err)
 	}
 	defer conn.Release()
-	defer stateConn.Release()
+	defer stateConn.release()
 	rows, err := conn.Query(ctx, pendingInstancesSQL, actionBatchSize)
 	if err != nil {
 		return 0, fmt.Errorf("pending actions: find: %w", err)
@@ -272,7 +272,7 @@ const deadLetterTimeout = 30 * time.Second
 // are published whatever becomes of the rest of the run: each failure's state (FAILED, claim
 // deleted) committed on the state connection before it was collected, so nothing else would ever
 // retry it.
-func (e *Engine) runActionsUnderInstanceLock(ctx context.Context, conn, stateConn *pgxpool.Conn, instanceID int64, dl DeadLetterer) (int, error) {
+func (e *Engine) runActionsUnderInstanceLock(ctx context.Context, conn *pgxpool.Conn, stateConn *stateConn, instanceID int64, dl DeadLetterer) (int, error) {
 	li, err := e.lockInstance(ctx, conn, stateConn, instanceID, lockInstanceSkipLockedSQL)
 	if err != nil || li == nil {
 		endQuietly(conn, rollbackSQL)
@@ -366,9 +366,9 @@ func (li *lockedInstance) runActions(ctx context.Context) (int, error) {
 	return done, nil
 }
 
-// claimForAction runs, in one round trip, the savepoint, the claim insert and the lookup of the
-// row that stands for the message (SPEC §3.4, after the claim insert). found is false when the
-// message has no row any more.
+// claimForAction runs, in one round trip, the savepoint, the claim insert and the lookup of the row
+// that stands for the message (docs/design.md#claim-transaction-t1, after the claim insert). found
+// is false when the message has no row any more.
 func (li *lockedInstance) claimForAction(ctx context.Context, a pendingMessageAction) (storedMessage, bool, error) {
 	b := &pgx.Batch{}
 	b.Queue(savepointSQL)
@@ -399,8 +399,8 @@ func (li *lockedInstance) claimForAction(ctx context.Context, a pendingMessageAc
 	return stored, found, err
 }
 
-// runMessageAction executes one message action through the claim path of a delivery (SPEC §6):
-// it takes the message's claim, then
+// runMessageAction executes one message action through the claim path of a delivery
+// (docs/design.md#operator-actions): it takes the message's claim, then
 //   - EXPIRE marks a WAITING or FAILED message PROCESSED without delivery (a PROCESSED one stays);
 //   - CONSUME delivers the message's stored raw record, whatever its state: PROCESSED after a
 //     success (a PROCESSED message is delivered again on request), FAILED with no claim after a
@@ -499,7 +499,7 @@ type stateWrite struct {
 // claim). A row no longer in the expected state fails the whole action run: nothing is written,
 // the action stays pending, and the next run sees the new state.
 func (li *lockedInstance) finishMessageAction(ctx context.Context, w stateWrite, a pendingMessageAction, out actionOutcome) error {
-	return pgx.BeginTxFunc(ctx, li.stateConn, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	return li.stateConn.inTx(ctx, func(tx execer) error {
 		if w.id != 0 {
 			tag, err := tx.Exec(ctx, expectStateSQL, w.id, w.from, w.to, li.e.keepsRecord(li.name, w.to))
 			if err != nil {
@@ -548,7 +548,7 @@ func (li *lockedInstance) runInstanceAction(ctx context.Context, a InstanceActio
 				return err
 			}
 			var failed int
-			if err := li.stateConn.QueryRow(ctx, markReleaseFailedSQL, w.id, stateWaiting).Scan(&failed); err != nil {
+			if err := li.stateConn.queryRow(ctx, []any{&failed}, markReleaseFailedSQL, w.id, stateWaiting); err != nil {
 				return fmt.Errorf("fail message %d: %w", w.id, err)
 			}
 			if failed == 1 {

@@ -22,11 +22,11 @@ import (
 // before T1, one T1 commit. Two commits, one of them flushed,
 // serve the whole batch instead of two per record (see docs/performance.md).
 
-// claimBatchSQL is a batch's T1 first statement (SPEC §3.4, §9): one claim per record, inserted
-// in the order of the arrays, which the engine sorts by (message type, idempotence ID). Every
-// batch takes its claims in that one order, so two batches never wait for each other in a cycle.
-// Against an in-flight claim it waits inside PostgreSQL like a single claim; RETURNING names the
-// claims won and sets T1's lease, as long as a single record's: it restarts before every call.
+// claimBatchSQL is a batch's T1 first statement (docs/design.md#batches): one claim per record,
+// inserted in the order of the arrays, which the engine sorts by (message type, idempotence ID).
+// Every batch takes its claims in that one order, so two batches never wait for each other in a
+// cycle. Against an in-flight claim it waits inside PostgreSQL like a single claim; RETURNING names
+// the claims won and sets T1's lease, as long as a single record's: it restarts before every call.
 const claimBatchSQL = `INSERT INTO sequential_inbox_idempotence (message_type, idempotence_id, sequence_instance_id, created_at)
 SELECT c.message_type, c.idempotence_id, c.sequence_instance_id, now()
 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS c(message_type, idempotence_id, sequence_instance_id)
@@ -44,12 +44,12 @@ CROSS JOIN LATERAL (SELECT id, state FROM sequenced_message
   WHERE idempotence_id = k.idempotence_id AND message_type = k.message_type
   ` + standingRowFirst + `) m`
 
-// insertStatesSQL is insertStateSQL for the messages of a batch that had no row, in one
-// statement; a message's raw record is written when its keep_record is set (keepsRecord). Its transaction commits without waiting for its WAL flush, as a single message's
-// does: the batch's T1 commits after it in every case (a failed message's claim is deleted inside
-// T1, not rolled back), and T1's flush covers the states. A message stored meanwhile by someone
-// else is left out (and reported by the row count); that check probes the index per message, as
-// lookupMessagesSQL does.
+// insertStatesSQL is insertStateSQL for the messages of a batch that had no row, in one statement;
+// a message's raw record is written when its keep_record is set (keepsRecord). Its transaction
+// commits without waiting for its WAL flush, as a single message's does: the batch's T1 commits
+// after it in every case (a failed message's claim is deleted inside T1, not rolled back), and T1's
+// flush covers the states. A message stored meanwhile by someone else is left out (and reported by
+// the row count); that check probes the index per message, as lookupMessagesSQL does.
 const insertStatesSQL = `WITH s AS (
   SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::int8[], $8::text[],
                        $9::text[], $10::bytea[], $11::bytea[], $12::text[], $13::bool[])
@@ -120,7 +120,7 @@ func (e *Engine) processBatchInOneClaimTx(ctx context.Context, recs []Record) ([
 		return nil, fmt.Errorf("claim batch: %w", err)
 	}
 	defer conn.Release()
-	defer stateConn.Release()
+	defer stateConn.release()
 	for attempt := 1; ; attempt++ {
 		// Each attempt starts from a clean slate: what a rolled-back attempt learnt and decided
 		// does not hold any more.
@@ -205,9 +205,10 @@ type batchRun struct {
 	lease     *lease
 	claimedAt time.Time
 	// stateConn serves the state transaction and, after T1, T2's state writes.
-	stateConn *pgxpool.Conn
+	stateConn *stateConn
 	results   []Result
-	// recording is the engine's recording mode when the batch began (SPEC §5).
+	// recording is the engine's recording mode when the batch began
+	// (docs/design.md#recording-mode).
 	recording bool
 }
 
@@ -388,7 +389,7 @@ func (b *batchRun) deliverInOrder(ctx context.Context) error {
 			if i > 0 && !b.fits(ctx) {
 				return nil
 			}
-			listenerErr, err := b.e.callUnderLease(ctx, b.lease, it.msg)
+			listenerErr, err := b.e.callUnderLease(ctx, b.lease, b.stateConn, it.msg)
 			if err != nil {
 				return fmt.Errorf("claim batch: %w", err)
 			}
@@ -464,7 +465,7 @@ func (b *batchRun) storeStates(ctx context.Context) error {
 // storeBatchStatesInNewTx writes the states of a batch in one transaction, in one round trip:
 // new rows in one statement, redelivered FAILED rows each on their own. It reports false when a
 // message was recorded by someone else meanwhile.
-func (e *Engine) storeBatchStatesInNewTx(ctx context.Context, conn *pgxpool.Conn, writes []*batchItem) (bool, error) {
+func (e *Engine) storeBatchStatesInNewTx(ctx context.Context, conn *stateConn, writes []*batchItem) (bool, error) {
 	var (
 		cols    insertStatesColumns
 		updates []*batchItem
@@ -479,7 +480,12 @@ func (e *Engine) storeBatchStatesInNewTx(ctx context.Context, conn *pgxpool.Conn
 			return false, err
 		}
 	}
-	q.Queue(beginReadCommittedSQL)
+	// The held transaction (stateConn.hold) is open already; this write commits it.
+	begun := conn.open
+	conn.open = false
+	if !begun {
+		q.Queue(beginReadCommittedSQL)
+	}
 	if len(cols.instanceIDs) > 0 {
 		q.Queue(insertStatesSQL, cols.args()...)
 	}
@@ -494,7 +500,11 @@ func (e *Engine) storeBatchStatesInNewTx(ctx context.Context, conn *pgxpool.Conn
 			e.keepsRecord(it.msg.Sequence, it.write))
 	}
 	q.Queue(commitSQL)
-	br := conn.SendBatch(ctx, q)
+	br := conn.conn.SendBatch(ctx, q)
+	first := 1
+	if begun {
+		first = 0
+	}
 	stored, err := func() (int64, error) {
 		var n int64
 		for i := range q.Len() {
@@ -506,7 +516,7 @@ func (e *Engine) storeBatchStatesInNewTx(ctx context.Context, conn *pgxpool.Conn
 				return n, errors.New("commit: transaction was rolled back")
 			}
 			// Between BEGIN and COMMIT, each statement's rows are messages stored.
-			if i > 0 && i < q.Len()-1 {
+			if i >= first && i < q.Len()-1 {
 				n += tag.RowsAffected()
 			}
 		}
@@ -530,7 +540,7 @@ func (e *Engine) storeBatchStatesOnNewConn(ctx context.Context, writes []*batchI
 		return false, fmt.Errorf("acquire state connection: %w", err)
 	}
 	defer conn.Release()
-	stored, err := e.storeBatchStatesInNewTx(ctx, conn, writes)
+	stored, err := e.storeBatchStatesInNewTx(ctx, &stateConn{conn: conn}, writes)
 	if err != nil || stored {
 		return stored, err
 	}

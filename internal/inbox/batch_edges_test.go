@@ -216,8 +216,8 @@ func TestBatchWithACachedInstanceThatHousekeepingDeletedRecreatesIt(t *testing.T
 //
 // Each case's 8 calls of 100ms fit only the other bound: the caller's case fails when fits
 // ignores ctx's deadline, the claims' case when it ignores the time since the claims (then all 8
-// are delivered in the first call); both fail when the records the batch did not get to keep their claims (the
-// second call finds them duplicates).
+// are delivered in the first call); both fail when the records the batch did not get to keep
+// their claims (the second call finds them duplicates).
 func TestBatchStartsAListenerCallOnlyWhileItsDeadlineFits(t *testing.T) {
 	const records, call = 8, 100 * time.Millisecond
 	for _, tc := range []struct {

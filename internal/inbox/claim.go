@@ -24,10 +24,11 @@ const (
 	rollbackSQL           = `ROLLBACK`
 )
 
-// claimSQL is T1's first statement (SPEC §3.4). Against an in-flight claim of the same key it
-// waits inside PostgreSQL until that transaction ends: 0 rows after a commit, 1 after a rollback.
-// RETURNING sets T1's lease (idle_in_transaction_session_timeout, for this transaction only) in
-// the same statement, and only for a won claim: a loser's T1 ends at once.
+// claimSQL is T1's first statement (docs/design.md#claim-transaction-t1). Against an in-flight
+// claim of the same key it waits inside PostgreSQL until that transaction ends: 0 rows after a
+// commit, 1 after a rollback. RETURNING sets T1's lease (idle_in_transaction_session_timeout, for
+// this transaction only) in the same statement, and only for a won claim: a loser's T1 ends at
+// once.
 const claimSQL = `INSERT INTO sequential_inbox_idempotence (message_type, idempotence_id, sequence_instance_id, created_at)
 VALUES ($1, $2, $3, now())
 ON CONFLICT (message_type, idempotence_id) DO NOTHING
@@ -36,14 +37,14 @@ RETURNING set_config('idle_in_transaction_session_timeout', $4, true)`
 // setIdleTimeoutSQL bounds the idle time of the current transaction only (is_local = true).
 const setIdleTimeoutSQL = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
 
-// lookupMessageSQL finds the row that stands for a logical message. Databases may hold
-// historical duplicates (no unique constraint, SPEC §2), so it picks the most advanced state
-// deterministically: PROCESSED before WAITING before FAILED, then the newest row. Every read
-// that picks a message applies the same rule (waitingStandsForItsMessage for WAITING rows), so
-// one logical message is never handled as two. It must be a statement of its own after the
-// claim insert: at READ COMMITTED each statement reads a new snapshot, and only one taken after
-// the insert returned sees the state that a winner, for whom the insert waited, committed
-// before it ended.
+// lookupMessageSQL finds the row that stands for a logical message. Databases may hold historical
+// duplicates (no unique constraint, docs/design.md#historical-duplicates), so it picks the most
+// advanced state deterministically: PROCESSED before WAITING before FAILED, then the newest row.
+// Every read that picks a message applies the same rule (waitingStandsForItsMessage for WAITING
+// rows), so one logical message is never handled as two. It must be a statement of its own after
+// the claim insert: at READ COMMITTED each statement reads a new snapshot, and only one taken after
+// the insert returned sees the state that a winner, for whom the insert waited, committed before it
+// ended.
 const lookupMessageSQL = `SELECT id, state FROM sequenced_message
 WHERE idempotence_id = $2 AND message_type = $1
 ` + standingRowFirst
@@ -102,10 +103,10 @@ type claim struct {
 	lease *lease
 }
 
-// claimAndProcess is T1 (SPEC §3.4): claim the message, then skip, buffer or deliver it while the
-// claim is held. It returns the instance state read after the outcome was committed, which
-// decides whether T2 is needed.
-func (e *Engine) claimAndProcess(ctx context.Context, conn, stateConn *pgxpool.Conn, instanceID int64, mt *sequence.MessageType, msg Message) (Result, instanceState, error) {
+// claimAndProcess is T1 (docs/design.md#claim-transaction-t1): claim the message, then skip, buffer
+// or deliver it while the claim is held. It returns the instance state read after the outcome was
+// committed, which decides whether T2 is needed.
+func (e *Engine) claimAndProcess(ctx context.Context, conn *pgxpool.Conn, stateConn *stateConn, instanceID int64, mt *sequence.MessageType, msg Message) (Result, instanceState, error) {
 	// The processed types matter only for a condition to evaluate.
 	evaluate := mt.Condition != nil && !e.recording()
 	c, err := e.claim(ctx, conn, instanceID, msg, evaluate)
@@ -206,10 +207,10 @@ func readClaim(br pgx.BatchResults, needState bool) (claim, error) {
 
 // deliverUnderClaim invokes the listener while T1 holds the claim idle (callUnderLease), then
 // stores the resulting state on stateConn in a separate transaction that commits before T1
-// (SPEC §3.4). It says how T1 must end.
-func (e *Engine) deliverUnderClaim(ctx context.Context, stateConn *pgxpool.Conn, instanceID int64, c claim, msg Message) (Result, string, error) {
+// (docs/design.md#claim-transaction-t1). It says how T1 must end.
+func (e *Engine) deliverUnderClaim(ctx context.Context, stateConn *stateConn, instanceID int64, c claim, msg Message) (Result, string, error) {
 	key := msg.QualifiedType + "/" + msg.Record.IdempotenceID
-	listenerErr, err := e.callUnderLease(ctx, c.lease, msg)
+	listenerErr, err := e.callUnderLease(ctx, c.lease, stateConn, msg)
 	if err != nil {
 		return Result{}, rollbackSQL, fmt.Errorf("claim %s: %w", key, err)
 	}
@@ -278,9 +279,9 @@ const updateFailedStateSQL = `WITH m AS (
 SELECT 1 FROM m`
 
 // storeStateInNewTx writes the state of a message delivered under a claim in its own
-// single-statement transaction, on a connection other than T1's. It reports false when the
-// message was recorded by someone else meanwhile.
-func (e *Engine) storeStateInNewTx(ctx context.Context, conn *pgxpool.Conn, instanceID int64, existing storedMessage, state string, msg Message) (bool, error) {
+// single-statement transaction (the held one, stateConn.exec), on a connection other than T1's.
+// It reports false when the message was recorded by someone else meanwhile.
+func (e *Engine) storeStateInNewTx(ctx context.Context, conn *stateConn, instanceID int64, existing storedMessage, state string, msg Message) (bool, error) {
 	r, o := msg.Record, msg.Record.Origin
 	headers, err := encodeHeaders(r.Headers)
 	if err != nil {
@@ -288,11 +289,11 @@ func (e *Engine) storeStateInNewTx(ctx context.Context, conn *pgxpool.Conn, inst
 	}
 	keep := e.keepsRecord(msg.Sequence, state)
 	if existing.state == stateFailed {
-		tag, err := conn.Exec(ctx, updateFailedStateSQL, existing.id, state, instanceID,
+		tag, err := conn.exec(ctx, updateFailedStateSQL, existing.id, state, instanceID,
 			o.MessageID, o.Topic, o.Partition, o.Offset, traceContext(r.Headers), r.Key, r.Value, headers, keep)
 		return tag.RowsAffected() == 1, err
 	}
-	tag, err := conn.Exec(ctx, insertStateSQL, instanceID, msg.QualifiedType, r.IdempotenceID,
+	tag, err := conn.exec(ctx, insertStateSQL, instanceID, msg.QualifiedType, r.IdempotenceID,
 		o.MessageID, o.Topic, o.Partition, o.Offset, state, traceContext(r.Headers), r.Key, r.Value, headers, keep)
 	return tag.RowsAffected() == 1, err
 }
@@ -312,12 +313,12 @@ func (e *Engine) keepsRecord(sequenceName, state string) bool {
 const stateWriteBackoff = 50 * time.Millisecond
 
 // storeStateUnderLease writes the state after the listener returned. An outcome the listener
-// reported is known and must not be thrown away: the write ignores the cancellation of the
-// record (revocation, shutdown) and, when its connection fails, is tried again on a new one
-// while T1's lease holds the claim (lease.writeContext). The sink then sees a second call only when the
+// reported is known and must not be thrown away: the write ignores the cancellation of the record
+// (revocation, shutdown) and, when its connection fails, is tried again on a new one while T1's
+// lease holds the claim (lease.writeContext). The sink then sees a second call only when the
 // outcome could not be recorded at all. As the claim is held, a retry that finds the message
 // already in the wanted state finds the write of an attempt whose answer was lost.
-func (e *Engine) storeStateUnderLease(ctx context.Context, conn *pgxpool.Conn, l *lease, instanceID int64, existing storedMessage, state string, msg Message) (bool, error) {
+func (e *Engine) storeStateUnderLease(ctx context.Context, conn *stateConn, l *lease, instanceID int64, existing storedMessage, state string, msg Message) (bool, error) {
 	wctx, cancel := l.writeContext(ctx)
 	defer cancel()
 	stored, err := e.storeStateInNewTx(wctx, conn, instanceID, existing, state, msg)
@@ -341,7 +342,7 @@ func (e *Engine) storeStateOnNewConn(ctx context.Context, instanceID int64, exis
 		return false, fmt.Errorf("acquire state connection: %w", err)
 	}
 	defer conn.Release()
-	stored, err := e.storeStateInNewTx(ctx, conn, instanceID, existing, state, msg)
+	stored, err := e.storeStateInNewTx(ctx, &stateConn{conn: conn}, instanceID, existing, state, msg)
 	if err != nil || stored {
 		return stored, err
 	}

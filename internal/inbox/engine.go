@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"k8s.io/utils/clock"
 
+	"github.com/seqinbox/seqinbox/internal/dbconn"
 	"github.com/seqinbox/seqinbox/internal/sequence"
 )
 
@@ -74,9 +77,9 @@ const defaultLeaseMargin = 5 * time.Second
 // defaultAcquireTimeout is the AcquireTimeout of a zero Config.
 const defaultAcquireTimeout = 10 * time.Second
 
-// MaintenanceConnections is what Config.Maintenance needs: one for housekeeping (the leader keeps
-// its advisory lock on a session between runs), two for an action run (its instance lock and the state writes
-// that commit before it). Other users of the same pool (the consumer's version fence) add theirs.
+// MaintenanceConnections is what Config.Maintenance needs: one for a housekeeping run, two for an
+// action run (its instance lock and the state writes that commit before it). Other users of the
+// same pool (the consumer's version fence) add theirs.
 const MaintenanceConnections = 3
 
 // instanceCacheSize bounds the instance id cache (about 100 bytes an entry).
@@ -104,14 +107,14 @@ const (
 	// stored WAITING. If its predecessor was processed meanwhile, this record's own release
 	// delivered it already, and it is in Result.Released.
 	Buffered
-	// Duplicate means another delivery holds or held the claim, or the message is already WAITING or
-	// PROCESSED; the listener was not called.
+	// Duplicate means another delivery holds or held the claim, or the message is already WAITING
+	// or PROCESSED; the listener was not called.
 	Duplicate
-	// Bypassed means the record is not sequenced (filter false or empty context ID) and the listener
-	// accepted it; no row was written.
+	// Bypassed means the record is not sequenced (filter false or empty context ID) and the
+	// listener accepted it; no row was written.
 	Bypassed
-	// Failed means the listener failed. For a sequenced record its state is FAILED and its claim rolled
-	// back, so that a resend can retry it; the caller dead-letters the record.
+	// Failed means the listener failed. For a sequenced record its state is FAILED and its claim
+	// rolled back, so that a resend can retry it; the caller dead-letters the record.
 	Failed
 )
 
@@ -167,9 +170,19 @@ type Engine struct {
 	instances *instanceCache
 	// claimLease is T1's idle_in_transaction_session_timeout, lockLease T2's.
 	claimLease, lockLease time.Duration
-	// lead holds the housekeeping lock while this engine leads housekeeping.
+	// lead is this engine's part in the housekeeping lease.
 	lead housekeepingLead
+	// pooler is whether the pools reach PostgreSQL through a connection pooler, decided with the
+	// first holder (holdGateOf).
+	pooler struct {
+		mu      sync.Mutex
+		decided atomic.Pointer[poolerDecision]
+	}
 }
+
+// poolerDecision is what Engine.pooler decided: the gate of the holders behind a pooler, nil when
+// directly connected.
+type poolerDecision struct{ gate *holdGate }
 
 // New builds an engine. m may be nil when nobody collects metrics.
 func New(pool *pgxpool.Pool, set *sequence.Set, l Listener, cfg Config, m *Metrics) (*Engine, error) {
@@ -222,7 +235,8 @@ func New(pool *pgxpool.Pool, set *sequence.Set, l Listener, cfg Config, m *Metri
 		e.log.Info("idle lock timeout raised to the listener deadline plus margin, so that a release lock never expires during a listener call",
 			"configured", cfg.IdleLockTimeout, "effective", e.lockLease)
 	}
-	m.state.bind(cfg.Maintenance, cfg.Clock, cfg.ExpiringSoonWindow, e.leaderPID, e.sequenceOf)
+	e.lead.holder = newHolder()
+	m.state.bind(cfg.Maintenance, cfg.Clock, cfg.ExpiringSoonWindow, e.lead.holder, e.leading, e.sequenceOf)
 	return e, nil
 }
 
@@ -234,9 +248,10 @@ func (e *Engine) sequenceOf(qualified string) string {
 	return ""
 }
 
-// Process handles one record (SPEC §3). The error is for infrastructure failures only (database
-// unreachable, context cancelled) and for ErrUndeclaredType / ErrNoIdempotenceID; after any
-// error the caller must not commit the record's offset. After a nil error it may.
+// Process handles one record (docs/design.md#processing-one-record). The error is for
+// infrastructure failures only (database unreachable, context cancelled) and for ErrUndeclaredType
+// / ErrNoIdempotenceID; after any error the caller must not commit the record's offset. After a nil
+// error it may.
 func (e *Engine) Process(ctx context.Context, rec Record) (Result, error) {
 	qualified := sequence.Qualify(rec.Type, rec.Subtype)
 	mt, ok := e.set.Lookup(qualified)
@@ -256,7 +271,7 @@ func (e *Engine) Process(ctx context.Context, rec Record) (Result, error) {
 		return Result{}, fmt.Errorf("claim %s/%s: %w", qualified, rec.IdempotenceID, err)
 	}
 	defer conn.Release()
-	defer stateConn.Release()
+	defer stateConn.release()
 
 	var (
 		res   Result
@@ -285,7 +300,8 @@ func (e *Engine) Process(ctx context.Context, rec Record) (Result, error) {
 	}
 }
 
-// deliverUnsequenced hands a record that is not sequenced straight to the listener (SPEC §3.2).
+// deliverUnsequenced hands a record that is not sequenced straight to the listener
+// (docs/design.md#records-that-are-not-sequenced).
 func (e *Engine) deliverUnsequenced(ctx context.Context, msg Message) (Result, error) {
 	lctx, cancel := context.WithTimeout(ctx, e.cfg.ListenerDeadline)
 	defer cancel()
@@ -303,16 +319,59 @@ func (e *Engine) deliverUnsequenced(ctx context.Context, msg Message) (Result, e
 
 // acquirePair takes the two connections of a holding transaction (lease.go) and of the state
 // writes that commit before it. Both are taken before the transaction begins, so that no wait
-// for a connection lies between its claims or lock and a listener call.
-func (e *Engine) acquirePair(ctx context.Context, pool *pgxpool.Pool) (conn, stateConn *pgxpool.Conn, err error) {
+// for a connection lies between its claims or lock and a listener call; behind a connection
+// pooler the holder passes the pooler's gate first, and its state connection is held before a
+// listener call (stateConn). stateConn.release gives both the gate and the state connection back.
+func (e *Engine) acquirePair(ctx context.Context, pool *pgxpool.Pool) (conn *pgxpool.Conn, state *stateConn, err error) {
+	gate, err := e.holdGateOf(ctx, pool)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := gate.enter(ctx); err != nil {
+		return nil, nil, fmt.Errorf("wait for the connection pooler's gate: %w", err)
+	}
 	if conn, err = pool.Acquire(ctx); err != nil {
+		gate.leave()
 		return nil, nil, fmt.Errorf("acquire connection: %w", err)
 	}
-	if stateConn, err = pool.Acquire(ctx); err != nil {
+	sc, err := pool.Acquire(ctx)
+	if err != nil {
+		gate.leave()
 		conn.Release()
 		return nil, nil, fmt.Errorf("acquire state connection: %w", err)
 	}
-	return conn, stateConn, nil
+	return conn, &stateConn{conn: sc, held: gate != nil, gate: gate}, nil
+}
+
+// holdGateOf returns the gate of the holders when the pools reach PostgreSQL through a connection
+// pooler, nil when they are directly connected; the first call decides with a connection of pool.
+func (e *Engine) holdGateOf(ctx context.Context, pool *pgxpool.Pool) (*holdGate, error) {
+	if d := e.pooler.decided.Load(); d != nil {
+		return d.gate, nil
+	}
+	e.pooler.mu.Lock()
+	defer e.pooler.mu.Unlock()
+	if d := e.pooler.decided.Load(); d != nil {
+		return d.gate, nil
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquire connection: %w", err)
+	}
+	defer conn.Release()
+	pooled, err := dbconn.BehindPooler(ctx, conn.Conn())
+	if err != nil {
+		return nil, err
+	}
+	d := &poolerDecision{}
+	if pooled {
+		// Each holder takes two connections of the records' pool; one more for an action run.
+		d.gate = newHoldGate(int(e.pool.Config().MaxConns)/2 + 1)
+		e.log.Info("a connection pooler answers for PostgreSQL: each record in flight holds a second server connection for its state write during a sink call",
+			"recordsInFlight", int(e.pool.Config().MaxConns)/2+1, "serverConnectionsPerRecord", 2)
+	}
+	e.pooler.decided.Store(d)
+	return d.gate, nil
 }
 
 // acquire takes a connection from pool within the acquire timeout.
@@ -337,7 +396,7 @@ func (e *Engine) invokeListener(ctx context.Context, msg Message) error {
 	return nil
 }
 
-// recording reports whether the engine is in recording mode (SPEC §5).
+// recording reports whether the engine is in recording mode (docs/design.md#recording-mode).
 func (e *Engine) recording() bool {
 	return !e.cfg.SequencingStartTime.IsZero() && e.clock.Now().Before(e.cfg.SequencingStartTime)
 }

@@ -2,8 +2,11 @@ package inbox
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// HousekeepingConfig bounds one housekeeping run (SPEC §6).
+// HousekeepingConfig bounds one housekeeping run (docs/design.md#housekeeping).
 type HousekeepingConfig struct {
 	// ExpiryDelay is how long an instance past its retain_until is kept before it is deleted.
 	ExpiryDelay time.Duration
@@ -40,28 +43,61 @@ type HousekeepingReport struct {
 	DeadLettered int
 }
 
-// housekeepingLockKey is the PostgreSQL advisory lock (session level, pg_try_advisory_lock(bigint))
-// that makes one consumer at a time run housekeeping: the ASCII bytes of "seqhouse".
+// housekeepingLockKey is the PostgreSQL advisory lock (pg_try_advisory_lock(bigint)) by which
+// consumers of earlier versions lead housekeeping, holding it on a session of their own: the
+// ASCII bytes of "seqhouse". Every housekeeping batch takes it for its transaction, so that a
+// batch never runs while such a consumer leads.
 const housekeepingLockKey int64 = 0x7365_7168_6f75_7365
 
+// HousekeepingLease is how long the housekeeping lead lasts after it was last taken or renewed
+// (housekeeping_lease.expires_at, on the database's clock). The leader renews it with every
+// housekeeping batch and every LeadHousekeeping call, which a consumer makes every third of it;
+// a leader that stops renewing (crashed, cut off) loses the lead when it runs out, and another
+// consumer takes it at its next call.
+const HousekeepingLease = time.Minute
+
 const (
-	tryHousekeepingLockSQL = `SELECT pg_try_advisory_lock($1)`
-	housekeepingUnlockSQL  = `SELECT pg_advisory_unlock($1)`
+	// takeLeaseSQL takes the lead when nobody holds it or its lease ran out, or renews the
+	// holder's own; a row comes back when $1 leads. One statement, so that two consumers taking
+	// it at once end with one holder (the row's unique key decides, the loser's update finds the
+	// winner's unexpired lease).
+	// The NOT EXISTS reads without a lock: a consumer that does not lead never waits for the
+	// leader's batch, which holds the row locked (fenceLeaseSQL).
+	takeLeaseSQL = `INSERT INTO housekeeping_lease AS l (holder, expires_at)
+SELECT $1, now() + make_interval(secs => $2)
+WHERE NOT EXISTS (SELECT 1 FROM housekeeping_lease WHERE holder <> $1 AND expires_at > now())
+ON CONFLICT (only_row) DO UPDATE SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
+WHERE l.holder = EXCLUDED.holder OR l.expires_at <= now()
+RETURNING true`
+	// fenceLeaseSQL begins every housekeeping batch: it renews the lease of $1 if it still holds
+	// it, locking the row until the batch commits, so that nobody takes the lead during a batch,
+	// and takes the earlier versions' advisory lock for the transaction. No row: the lead is lost;
+	// false: a consumer of an earlier version leads.
+	fenceLeaseSQL = `UPDATE housekeeping_lease SET expires_at = now() + make_interval(secs => $2)
+WHERE holder = $1 AND expires_at > now()
+RETURNING pg_try_advisory_xact_lock($3)`
+	// resignLeaseSQL gives the lead of $1 up.
+	resignLeaseSQL = `DELETE FROM housekeeping_lease WHERE holder = $1`
 )
 
-// housekeepingLead is the session that holds the housekeeping lock between runs. The consumer
-// holding it is the housekeeping leader: it runs housekeeping and alone serves the database-wide
-// gauges, until it resigns or its session ends; another consumer takes the lead at its next try.
+// housekeepingLead is this engine's part in the housekeeping lease. The consumer holding the lease
+// is the housekeeping leader: it runs housekeeping and alone serves the database-wide gauges,
+// until it resigns or its lease runs out; another consumer takes the lead at its next try.
 type housekeepingLead struct {
 	// mu serialises runs, taking and giving up the lead.
-	mu   sync.Mutex
-	conn *pgxpool.Conn
-	// pid is the backend process of conn while this engine leads, else 0; the metrics read it.
-	pid atomic.Uint32
+	mu sync.Mutex
+	// holder names this engine in housekeeping_lease: its host (the pod) and a random suffix.
+	holder string
+	// leading is set while this engine holds the lease as far as it knows; the gauges check the
+	// lease row itself too.
+	leading atomic.Bool
 }
 
+// errLeadLost reports a housekeeping batch that found the lease held by someone else or run out.
+var errLeadLost = errors.New("the housekeeping lease was lost to another consumer")
+
 // DeadLetterReasonSequenceDeleted is the reason given for WAITING messages of instances that
-// housekeeping deletes (SPEC §4).
+// housekeeping deletes (docs/design.md#failures-and-dead-letters).
 const DeadLetterReasonSequenceDeleted = "sequence deleted"
 
 // Housekeep runs housekeeping if no other consumer does: give closed instances without a
@@ -84,28 +120,27 @@ func (e *Engine) Housekeep(ctx context.Context, hc HousekeepingConfig, dl DeadLe
 	if err != nil || !leader {
 		return rep, err
 	}
-	rep.Leader = true
-	conn := e.lead.conn
-	// A failed run gives the lead up: its session may be broken, and a session that lost its
-	// lock must not go on as the leader.
-	defer func() {
-		if err != nil {
-			e.resignLocked()
-		}
-	}()
+	conn, err := e.acquire(ctx, e.maint)
+	if err != nil {
+		return rep, fmt.Errorf("housekeeping: acquire maintenance connection: %w", err)
+	}
+	defer conn.Release()
 
 	started := time.Now()
 	defer func() { e.metrics.hkDuration.Observe(time.Since(started).Seconds()) }()
 	deadline := e.clock.Now().Add(hc.MaxDuration)
 	h := housekeeper{e: e, conn: conn, cfg: hc, dl: dl}
+	rep.Leader = true
 	steps := []struct {
-		run   func(context.Context) (int, error)
+		run   batchStep
 		count *int
+		// committed counts what a committed batch did in the metrics.
+		committed func(n int)
 	}{
-		{h.windowClosedBatch, &rep.WindowedClosed},
-		{h.deleteClosedBatch, &rep.DeletedClosed},
-		{h.markExpiredBatch, &rep.MarkedExpired},
-		{h.deleteExpiredBatch, &rep.DeletedExpired},
+		{h.windowClosedBatch, &rep.WindowedClosed, func(int) {}},
+		{h.deleteClosedBatch, &rep.DeletedClosed, func(n int) { h.deleted(deletedClosed, n) }},
+		{h.markExpiredBatch, &rep.MarkedExpired, func(n int) { e.metrics.hkMarked.Add(float64(n)) }},
+		{h.deleteExpiredBatch, &rep.DeletedExpired, func(n int) { h.deleted(deletedExpired, n) }},
 	}
 	for _, s := range steps {
 		for {
@@ -114,9 +149,17 @@ func (e *Engine) Housekeep(ctx context.Context, hc HousekeepingConfig, dl DeadLe
 				return rep, nil
 			}
 			var n int
-			n, err = s.run(ctx)
+			n, err = h.fenced(ctx, s.run)
 			*s.count += n
+			s.committed(n)
+			if errors.Is(err, errOlderLeader) {
+				// Not this run's fault: it did nothing, and an earlier version's consumer leads.
+				return HousekeepingReport{}, nil
+			}
 			if err != nil {
+				if errors.Is(err, errLeadLost) {
+					e.lead.leading.Store(false)
+				}
 				rep.DeadLettered = h.deadLettered
 				return rep, fmt.Errorf("housekeeping: %w", err)
 			}
@@ -130,81 +173,82 @@ func (e *Engine) Housekeep(ctx context.Context, hc HousekeepingConfig, dl DeadLe
 	return rep, nil
 }
 
-// LeadHousekeeping takes the housekeeping lock when no consumer holds it and keeps it, on a
-// maintenance connection of its own, until ResignHousekeeping, a failed run or the end of its
-// session. It reports whether this engine leads. Housekeep calls it too; a consumer calls it at
-// start, so that the database-wide gauges are served before the first run.
+// LeadHousekeeping takes the housekeeping lease when nobody holds it or it ran out, or renews
+// this engine's own; it reports whether this engine leads. Housekeep calls it too; a consumer
+// calls it at start, so that the database-wide gauges are served before the first run, and then
+// every third of HousekeepingLease, so that the lead lasts between runs.
 func (e *Engine) LeadHousekeeping(ctx context.Context) (bool, error) {
 	e.lead.mu.Lock()
 	defer e.lead.mu.Unlock()
 	return e.leadLocked(ctx)
 }
 
-// ResignHousekeeping gives the housekeeping lock back, so that another consumer takes the lead at
+// ResignHousekeeping gives the housekeeping lease back, so that another consumer takes the lead at
 // its next try. A consumer calls it when it stops.
 func (e *Engine) ResignHousekeeping() {
 	e.lead.mu.Lock()
 	defer e.lead.mu.Unlock()
-	e.resignLocked()
+	if !e.lead.leading.Swap(false) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := e.maint.Exec(ctx, resignLeaseSQL, e.lead.holder); err != nil {
+		e.log.Info("giving the housekeeping lead up failed; it passes on when its lease runs out", "error", err.Error())
+		return
+	}
+	e.log.Info("this consumer gave the housekeeping lead up")
 }
 
 // leadLocked is LeadHousekeeping under lead.mu.
 func (e *Engine) leadLocked(ctx context.Context) (bool, error) {
-	if e.lead.conn != nil {
-		return true, nil
-	}
-	conn, err := e.acquire(ctx, e.maint)
-	if err != nil {
-		return false, fmt.Errorf("housekeeping: acquire maintenance connection: %w", err)
-	}
-	var leader bool
-	if err := conn.QueryRow(ctx, tryHousekeepingLockSQL, housekeepingLockKey).Scan(&leader); err != nil {
-		conn.Release()
-		return false, fmt.Errorf("housekeeping: lock: %w", err)
-	}
-	if !leader {
-		conn.Release()
-		return false, nil
-	}
-	e.lead.conn = conn
-	e.lead.pid.Store(conn.Conn().PgConn().PID())
-	e.log.Info("this consumer leads housekeeping and serves the database-wide gauges")
-	return true, nil
-}
-
-// resignLocked is ResignHousekeeping under lead.mu.
-func (e *Engine) resignLocked() {
-	if e.lead.conn == nil {
-		return
-	}
-	e.lead.pid.Store(0)
-	unlockHousekeeping(e.lead.conn)
-	e.lead.conn.Release()
-	e.lead.conn = nil
-	e.log.Info("this consumer gave the housekeeping lead up")
-}
-
-// leaderPID is the backend process holding this engine's housekeeping lock, 0 while it does not
-// lead.
-func (e *Engine) leaderPID() uint32 { return e.lead.pid.Load() }
-
-// unlockHousekeeping releases the session lock; if that fails the connection is closed, which
-// ends the session and its lock, instead of returning a locked session to the pool.
-func unlockHousekeeping(conn *pgxpool.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	actx, cancel := context.WithTimeout(ctx, e.cfg.AcquireTimeout)
 	defer cancel()
-	if _, err := conn.Exec(ctx, housekeepingUnlockSQL, housekeepingLockKey); err != nil {
-		_ = conn.Conn().Close(ctx)
+	var leader bool
+	err := e.maint.QueryRow(actx, takeLeaseSQL, e.lead.holder, HousekeepingLease.Seconds()).Scan(&leader)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = nil
 	}
+	if err != nil {
+		e.lead.leading.Store(false)
+		return false, fmt.Errorf("housekeeping: take the lease: %w", err)
+	}
+	if was := e.lead.leading.Swap(leader); leader && !was {
+		e.log.Info("this consumer leads housekeeping and serves the database-wide gauges", "holder", e.lead.holder)
+	} else if was && !leader {
+		e.log.Info("another consumer took the housekeeping lead over", "holder", e.lead.holder)
+	}
+	return leader, nil
 }
 
-// housekeeper runs the batches of one housekeeping run on the connection holding the lock.
+// leading reports whether this engine holds the housekeeping lease as far as it knows.
+func (e *Engine) leading() bool { return e.lead.leading.Load() }
+
+// newHolder names an engine in housekeeping_lease: the host (in Kubernetes the pod) and a random
+// suffix, unique for every engine.
+func newHolder() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "consumer"
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return host + "-" + hex.EncodeToString(b[:])
+}
+
+// errOlderLeader reports a housekeeping batch that did not run because a consumer of an earlier
+// version holds the advisory lock by which it leads.
+var errOlderLeader = errors.New("a consumer of an earlier version leads housekeeping")
+
+// housekeeper runs the batches of one housekeeping run, each in a transaction fenced by the lease.
 type housekeeper struct {
-	e            *Engine
-	conn         *pgxpool.Conn
-	cfg          HousekeepingConfig
-	dl           DeadLetterer
-	deadLettered int
+	e    *Engine
+	conn *pgxpool.Conn
+	cfg  HousekeepingConfig
+	dl   DeadLetterer
+	// deadLettered counts the dead letters of committed batches, uncommittedDeadLetters those of
+	// the batch in progress.
+	deadLettered, uncommittedDeadLetters int
 }
 
 // windowClosedSQL gives closed instances without a remove_after (closed before the schema had
@@ -252,50 +296,81 @@ ORDER BY m.id`
 
 const deleteInstancesSQL = `DELETE FROM sequence_instance WHERE id = ANY($1)`
 
-func (h *housekeeper) windowClosedBatch(ctx context.Context) (int, error) {
+// batchStep is one batch of a housekeeping step, in the fenced transaction tx; it returns how many
+// instances it handled.
+type batchStep func(ctx context.Context, tx pgx.Tx) (int, error)
+
+// fenced runs one batch in a transaction that begins by renewing and locking this engine's lease
+// (fenceLeaseSQL) and commits after the batch: nobody takes the lead while a batch runs, and a
+// batch never runs after the lead was lost or while a consumer of an earlier version leads.
+func (h *housekeeper) fenced(ctx context.Context, run batchStep) (int, error) {
+	h.uncommittedDeadLetters = 0
+	tx, err := h.conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return 0, fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var free bool
+	err = tx.QueryRow(ctx, fenceLeaseSQL, h.e.lead.holder, HousekeepingLease.Seconds(), housekeepingLockKey).Scan(&free)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, errLeadLost
+	case err != nil:
+		return 0, fmt.Errorf("renew the lease: %w", err)
+	case !free:
+		return 0, errOlderLeader
+	}
+	n, err := run(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("commit: %w", err)
+	}
+	h.deadLettered += h.uncommittedDeadLetters
+	h.e.metrics.hkDeadLettered.Add(float64(h.uncommittedDeadLetters))
+	return n, nil
+}
+
+// deleted counts n instances deleted by kind.
+func (h *housekeeper) deleted(kind string, n int) {
+	h.e.metrics.hkDeleted.WithLabelValues(kind).Add(float64(n))
+}
+
+func (h *housekeeper) windowClosedBatch(ctx context.Context, tx pgx.Tx) (int, error) {
 	seqs := h.e.set.Sequences()
 	names, secs := make([]string, len(seqs)), make([]float64, len(seqs))
 	for i, seq := range seqs {
 		names[i], secs[i] = seq.Name, seq.DuplicateProtection.Seconds()
 	}
-	tag, err := h.conn.Exec(ctx, windowClosedSQL, h.cfg.BatchSize, h.e.clock.Now(), names, secs)
+	tag, err := tx.Exec(ctx, windowClosedSQL, h.cfg.BatchSize, h.e.clock.Now(), names, secs)
 	if err != nil {
 		return 0, fmt.Errorf("window closed instances: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
 }
 
-func (h *housekeeper) deleteClosedBatch(ctx context.Context) (int, error) {
-	n, err := h.deleteBatchInTx(ctx, closedBatchSQL, h.cfg.BatchSize, h.e.clock.Now())
-	h.e.metrics.hkDeleted.WithLabelValues(deletedClosed).Add(float64(n))
-	return n, err
+func (h *housekeeper) deleteClosedBatch(ctx context.Context, tx pgx.Tx) (int, error) {
+	return h.deleteBatch(ctx, tx, closedBatchSQL, h.cfg.BatchSize, h.e.clock.Now())
 }
 
-func (h *housekeeper) deleteExpiredBatch(ctx context.Context) (int, error) {
-	n, err := h.deleteBatchInTx(ctx, removableBatchSQL, h.cfg.BatchSize, h.e.clock.Now())
-	h.e.metrics.hkDeleted.WithLabelValues(deletedExpired).Add(float64(n))
-	return n, err
+func (h *housekeeper) deleteExpiredBatch(ctx context.Context, tx pgx.Tx) (int, error) {
+	return h.deleteBatch(ctx, tx, removableBatchSQL, h.cfg.BatchSize, h.e.clock.Now())
 }
 
-func (h *housekeeper) markExpiredBatch(ctx context.Context) (int, error) {
-	tag, err := h.conn.Exec(ctx, markExpiredSQL, h.cfg.BatchSize, h.e.clock.Now(), h.cfg.ExpiryDelay.Seconds())
+func (h *housekeeper) markExpiredBatch(ctx context.Context, tx pgx.Tx) (int, error) {
+	tag, err := tx.Exec(ctx, markExpiredSQL, h.cfg.BatchSize, h.e.clock.Now(), h.cfg.ExpiryDelay.Seconds())
 	if err != nil {
 		return 0, fmt.Errorf("mark expired instances: %w", err)
 	}
-	n := int(tag.RowsAffected())
-	h.e.metrics.hkMarked.Add(float64(n))
-	return n, nil
+	return int(tag.RowsAffected()), nil
 }
 
-// deleteBatchInTx deletes one batch of instances in one transaction: lock them, dead-letter their
-// WAITING messages, delete them (claims, messages and buffered records cascade). A dead-letter
-// failure rolls the batch back, so no WAITING message is deleted without its dead letter.
-func (h *housekeeper) deleteBatchInTx(ctx context.Context, pickSQL string, args ...any) (int, error) {
-	tx, err := h.conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		return 0, fmt.Errorf("delete instances: begin: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
+// deleteBatch deletes one batch of instances in the batch's transaction: lock them, dead-letter
+// their WAITING messages, delete them (claims, messages and buffered records cascade). A
+// dead-letter failure rolls the batch back, so no WAITING message is deleted without its dead
+// letter.
+func (h *housekeeper) deleteBatch(ctx context.Context, tx pgx.Tx, pickSQL string, args ...any) (int, error) {
 	// The dead-letter callbacks run while the batch's rows are locked; bound the idle time by the
 	// run's own bound.
 	if _, err := tx.Exec(ctx, setIdleTimeoutSQL, millis(max(h.cfg.MaxDuration, h.e.claimLease))); err != nil {
@@ -325,11 +400,7 @@ func (h *housekeeper) deleteBatchInTx(ctx context.Context, pickSQL string, args 
 	if _, err := tx.Exec(ctx, deleteInstancesSQL, ids); err != nil {
 		return 0, fmt.Errorf("delete instances: %w", err)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("delete instances: commit: %w", err)
-	}
-	h.deadLettered += len(waiting)
-	h.e.metrics.hkDeadLettered.Add(float64(len(waiting)))
+	h.uncommittedDeadLetters = len(waiting)
 	return len(ids), nil
 }
 

@@ -3,9 +3,12 @@ package inbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/seqinbox/seqinbox/internal/sequence"
 	"github.com/seqinbox/seqinbox/internal/testenv"
@@ -73,43 +76,122 @@ func TestHousekeepingDeletesClosedThenMarksAndDeletesExpiredInstances(t *testing
 	h.requireEngineTablesEmpty("after housekeeping")
 }
 
+// TestHousekeepingRunsOnOneConsumerAtATime covers both ways another consumer may lead: one of an
+// earlier version holds the advisory lock on a session of its own (during a rollout), and one of
+// this version holds the lease. A run does nothing then, and the lead passes when it is given up.
 func TestHousekeepingRunsOnOneConsumerAtATime(t *testing.T) {
 	h := newIsolatedHarness(t, chainSet())
 	for _, typ := range []string{"A", "B", "C"} {
 		h.process(h.rec(typ, typ+"1", "done"))
 	}
-	other, err := h.pool.Acquire(context.Background())
+	ctx := context.Background()
+	other, err := h.pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Release()
-	if _, err := other.Exec(context.Background(), `SELECT pg_advisory_lock($1)`, housekeepingLockKey); err != nil {
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_lock($1)`, housekeepingLockKey); err != nil {
 		t.Fatal(err)
 	}
 	hc := HousekeepingConfig{ExpiryDelay: time.Minute, BatchSize: 10, MaxDuration: time.Minute}
 	if rep := h.housekeep(hc, &recordingDeadLetterer{}); rep != (HousekeepingReport{}) {
-		t.Fatalf("run while another consumer holds the lock = %+v, want nothing done", rep)
+		t.Fatalf("run while a consumer of an earlier version leads = %+v, want nothing done", rep)
 	}
 	if s := h.instanceState("chain", "done"); s != "CLOSED" {
 		t.Fatalf("instance = %q, want untouched", s)
 	}
-	if _, err := other.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, housekeepingLockKey); err != nil {
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_unlock($1)`, housekeepingLockKey); err != nil {
 		t.Fatal(err)
 	}
 	if rep := h.housekeep(hc, &recordingDeadLetterer{}); !rep.Leader || rep.DeletedClosed != 1 {
 		t.Fatalf("run after the lock was released = %+v, want leader deleting 1", rep)
 	}
-	// The leader keeps the lock between runs, until it resigns.
-	var got bool
-	if err := other.QueryRow(context.Background(), `SELECT pg_try_advisory_lock($1)`, housekeepingLockKey).Scan(&got); err != nil || got {
-		t.Fatalf("housekeeping lock taken by another session after the leader's run (%v), want it kept by the leader", err)
+
+	// The leader keeps the lease between runs, until it resigns.
+	second, err := New(h.pool, chainSet(), newTestListener(), h.engine.cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leader, err := second.LeadHousekeeping(ctx); err != nil || leader {
+		t.Fatalf("another engine's LeadHousekeeping after the leader's run = %v, %v; want the lease kept by the leader", leader, err)
+	}
+	if rep, err := second.Housekeep(ctx, hc, &recordingDeadLetterer{}); err != nil || rep.Leader {
+		t.Fatalf("another engine's run while the leader holds the lease = %+v, %v; want nothing done", rep, err)
 	}
 	h.engine.ResignHousekeeping()
-	if err := other.QueryRow(context.Background(), `SELECT pg_try_advisory_lock($1)`, housekeepingLockKey).Scan(&got); err != nil || !got {
-		t.Fatalf("housekeeping lock still held after the leader resigned (%v)", err)
+	if leader, err := second.LeadHousekeeping(ctx); err != nil || !leader {
+		t.Fatalf("another engine's LeadHousekeeping after the leader resigned = %v, %v; want it to lead", leader, err)
 	}
-	if _, err := other.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, housekeepingLockKey); err != nil {
+	second.ResignHousekeeping()
+}
+
+// TestAHousekeepingBatchHoldsTheLeadAndALostLeadStopsTheRun stops the leader's run inside a batch
+// (its dead-letter call blocks): another consumer asking for the lead meanwhile is told at once
+// that it does not lead, without waiting for the batch, and a takeover of the lease (it ran out)
+// waits for the batch to commit. Once the lead is lost, the old leader's next batch finds it so
+// and runs nothing.
+func TestAHousekeepingBatchHoldsTheLeadAndALostLeadStopsTheRun(t *testing.T) {
+	h := newIsolatedHarness(t, chainSet())
+	ctx := context.Background()
+	for i := range 3 {
+		h.process(h.rec("B", fmt.Sprintf("b%d", i), fmt.Sprintf("x%d", i)))
+	}
+	if _, err := h.pool.Exec(ctx, `UPDATE sequence_instance SET retain_until = now() - interval '1 day', remove_after = now() - interval '1 hour'`); err != nil {
 		t.Fatal(err)
+	}
+	second, err := New(h.pool, chainSet(), newTestListener(), h.engine.cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(second.ResignHousekeeping)
+
+	dl := &blockingDeadLetterer{entered: make(chan struct{}), released: make(chan struct{})}
+	hc := HousekeepingConfig{ExpiryDelay: time.Minute, BatchSize: 1, MaxDuration: time.Hour}
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.engine.Housekeep(ctx, hc, dl)
+		done <- err
+	}()
+	<-dl.entered // inside the first deletion batch, its lease row locked
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	leader, err := second.LeadHousekeeping(lctx)
+	cancel()
+	if err != nil || leader {
+		t.Fatalf("LeadHousekeeping during the leader's batch = %v, %v; want false at once", leader, err)
+	}
+	expired := make(chan error, 1)
+	go func() {
+		_, err := h.pool.Exec(ctx, `UPDATE housekeeping_lease SET expires_at = now() - interval '1 second'`)
+		expired <- err
+	}()
+	waitFor(t, "the takeover to wait for the batch's lock on the lease", func() bool {
+		return h.count(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND query LIKE 'UPDATE housekeeping_lease SET expires_at = now() - %'`) == 1
+	})
+	close(dl.released)
+	if err := <-expired; err != nil {
+		t.Fatal(err)
+	}
+	if n := h.count(`SELECT count(*) FROM sequence_instance WHERE context_id LIKE $1`, h.prefix+"%"); n > 2 {
+		t.Fatalf("%d instances left when the takeover got the lease row, want the batch that held it committed", n)
+	}
+	if err := <-done; err != nil && !errors.Is(err, errLeadLost) {
+		t.Fatal(err)
+	}
+
+	if leader, err := second.LeadHousekeeping(ctx); err != nil || !leader {
+		t.Fatalf("LeadHousekeeping after the lease ran out = %v, %v; want the second engine to lead", leader, err)
+	}
+	conn, err := h.engine.maint.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	ran := false
+	hk := &housekeeper{e: h.engine, conn: conn, cfg: hc, dl: dl}
+	_, err = hk.fenced(ctx, func(context.Context, pgx.Tx) (int, error) { ran = true; return 0, nil })
+	if !errors.Is(err, errLeadLost) || ran {
+		t.Fatalf("the old leader's batch after the takeover: ran %v, error %v; want it not run and %v", ran, err, errLeadLost)
 	}
 }
 

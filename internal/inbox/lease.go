@@ -17,9 +17,10 @@ import (
 //
 //   - The call follows an answer of the holding transaction with no wait and no other listener
 //     call in between, so the transaction lived when the call began. No connection is waited
-//     for inside a lease: the state connection is taken before the transaction begins. A call
-//     after another one, with no statement of the transaction since, is preceded by a ping
-//     (lease.prove).
+//     for inside a lease: the state connection is taken before the transaction begins. Behind a
+//     pooler in transaction mode its server connection is held just before the call
+//     (stateConn.hold), a bounded wait. A call after another one or after that wait, with no
+//     statement of the transaction since, is preceded by a ping (lease.prove).
 //   - The call's deadline is ListenerDeadline after that answer; the lease is at least
 //     ListenerDeadline plus LeaseMargin long and restarts with every answer, so the server
 //     cannot end the transaction while the call runs. The margin is left for the state write;
@@ -39,14 +40,18 @@ type lease struct {
 	// answeredAt is when the transaction last answered a statement: it lived then, and its idle
 	// time began no later (the margin covers the way of the answer back).
 	answeredAt time.Time
-	// called is set by a listener call after the last answer.
-	called bool
+	// stale is set by a listener call or a wait after the last answer: the next call needs a
+	// proof that the transaction still lives.
+	stale bool
 }
 
 // answered records an answer of the holding transaction; every statement on conn ends with it.
 func (l *lease) answered() {
-	l.answeredAt, l.called = time.Now(), false
+	l.answeredAt, l.stale = time.Now(), false
 }
+
+// waited records a wait after the last answer (stateConn.hold).
+func (l *lease) waited() { l.stale = true }
 
 // end is when the server ends the transaction if it stays idle from its last answer on.
 func (l *lease) end() time.Time { return l.answeredAt.Add(l.length) }
@@ -58,13 +63,13 @@ func (l *lease) writeContext(ctx context.Context) (context.Context, context.Canc
 	return context.WithDeadline(context.WithoutCancel(ctx), l.end())
 }
 
-// prove proves the transaction alive when a listener was called since its last answer: a ping
-// (an empty query, the cheapest round trip; as a message of the session it restarts the idle
-// time too) whose answer reports the transaction still open and not failed, for a failed one has
-// released its claims and locks already. The ping's own wait is bounded by the lease: a
+// prove proves the transaction alive when a listener was called or something waited since its last
+// answer: a ping (an empty query, the cheapest round trip; as a message of the session it restarts
+// the idle time too) whose answer reports the transaction still open and not failed, for a failed
+// one has released its claims and locks already. The ping's own wait is bounded by the lease: a
 // transaction that does not answer before it ends holds nothing any more.
 func (l *lease) prove(ctx context.Context) error {
-	if !l.called {
+	if !l.stale {
 		return nil
 	}
 	pctx, cancel := context.WithDeadline(ctx, l.end())
@@ -88,14 +93,18 @@ func (l *lease) prove(ctx context.Context) error {
 // that has not failed.
 const txStatusInTransaction = 'T'
 
-// callUnderLease calls the listener for a message that l holds, under the rule above. err is not
-// nil when no call was made (errLeaseLost, or ctx ended first); listenerErr is the listener's.
-func (e *Engine) callUnderLease(ctx context.Context, l *lease, msg Message) (listenerErr, err error) {
+// callUnderLease calls the listener for a message that l holds, under the rule above, with state
+// held for the write that follows (stateConn.hold). err is not nil when no call was made
+// (errLeaseLost, errPoolerSaturated, or ctx ended first); listenerErr is the listener's.
+func (e *Engine) callUnderLease(ctx context.Context, l *lease, state *stateConn, msg Message) (listenerErr, err error) {
+	if err := state.hold(ctx, l); err != nil {
+		return nil, fmt.Errorf("call listener for %s/%s: %w", msg.QualifiedType, msg.Record.IdempotenceID, err)
+	}
 	if err := l.prove(ctx); err != nil {
 		return nil, fmt.Errorf("call listener for %s/%s: %w", msg.QualifiedType, msg.Record.IdempotenceID, err)
 	}
 	lctx, cancel := context.WithDeadline(ctx, l.answeredAt.Add(e.cfg.ListenerDeadline))
 	defer cancel()
-	l.called = true
+	l.stale = true
 	return e.invokeListener(lctx, msg), nil
 }

@@ -19,8 +19,9 @@ import (
 // that claims prevent and is the old version of the upgrade test. Never in a release.
 const ClaimProtocol = "check-then-insert-v0"
 
-// legacyInsertStateSQL stores a delivered message without any guard: two consumers that both
-// found no row both deliver and both insert (the historical duplicate rows of SPEC §2).
+// legacyInsertStateSQL stores a delivered message without any guard: two consumers that both found
+// no row both deliver and both insert (the historical duplicate rows of
+// docs/design.md#historical-duplicates).
 const legacyInsertStateSQL = `INSERT INTO sequenced_message
   (sequence_instance_id, message_type, idempotence_id, message_id, topic, partition, "offset", state, trace_context)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
@@ -38,7 +39,7 @@ func (e *Engine) processBatchUnderProtocol(ctx context.Context, recs []Record) (
 // processUnderProtocol is check-then-insert: look the message up, deliver or buffer it when no
 // row exists, then store its state. Nothing is held between the check and the insert, so
 // concurrent duplicates are all delivered.
-func (e *Engine) processUnderProtocol(ctx context.Context, conn, _ *pgxpool.Conn, instanceID int64, mt *sequence.MessageType, msg Message) (Result, instanceState, error) {
+func (e *Engine) processUnderProtocol(ctx context.Context, conn *pgxpool.Conn, _ *stateConn, instanceID int64, mt *sequence.MessageType, msg Message) (Result, instanceState, error) {
 	typ, id := msg.QualifiedType, msg.Record.IdempotenceID
 	var existing storedMessage
 	err := conn.QueryRow(ctx, lookupMessageSQL, typ, id).Scan(&existing.id, &existing.state)
@@ -83,7 +84,7 @@ func (e *Engine) deliverThenInsert(ctx context.Context, conn *pgxpool.Conn, inst
 	r, o := msg.Record, msg.Record.Origin
 	var err error
 	if existing.state == stateFailed {
-		_, err = e.storeStateInNewTx(ctx, conn, instanceID, existing, state, msg)
+		_, err = e.storeStateInNewTx(ctx, &stateConn{conn: conn}, instanceID, existing, state, msg)
 	} else {
 		_, err = conn.Exec(ctx, legacyInsertStateSQL, instanceID, msg.QualifiedType, r.IdempotenceID,
 			o.MessageID, o.Topic, o.Partition, o.Offset, state, traceContext(r.Headers))

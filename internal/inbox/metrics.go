@@ -11,8 +11,8 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// Metrics are the engine's Prometheus collectors (SPEC §6). The engine registers nothing; the
-// consumer registers Collectors() with its registry.
+// Metrics are the engine's Prometheus collectors (docs/design.md#metrics). The engine registers
+// nothing; the consumer registers Collectors() with its registry.
 type Metrics struct {
 	consumed         *prometheus.CounterVec
 	buffered         *prometheus.CounterVec
@@ -137,11 +137,10 @@ func (m *Metrics) Collectors() []prometheus.Collector {
 // oldest (on the database's clock, as the waiting-time histogram), open instances expiring
 // within the window, and instances past their retention that wait for removal. Only the
 // housekeeping leader serves them, so that a sum over pods counts each once: the rows come only
-// while the session $3 holds the housekeeping lock ($4, $5: its two halves as pg_locks shows
-// them), which also stops a consumer whose leading session ended behind its back.
+// while $3 holds an unexpired housekeeping lease, which also stops a consumer whose lease ran out
+// or was taken over behind its back.
 const stateCollectSQL = `WITH lead AS (
-  SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = $3
-    AND classid::bigint = $4 AND objid::bigint = $5 AND objsubid = 1
+  SELECT 1 FROM housekeeping_lease WHERE holder = $3 AND expires_at > now()
 )
 SELECT kind, message_type, n, oldest FROM (
 SELECT 'waiting' AS kind, message_type, count(*) AS n,
@@ -167,8 +166,9 @@ type stateCollector struct {
 	pool   *pgxpool.Pool
 	clock  clock.PassiveClock
 	window time.Duration
-	// leaderPID is the engine's leaderPID.
-	leaderPID func() uint32
+	// holder names the engine in the housekeeping lease; leading is its Engine.leading.
+	holder  string
+	leading func() bool
 	// sequenceOf names the sequence of a qualified type ("" for a type no longer declared).
 	sequenceOf func(qualified string) string
 }
@@ -187,10 +187,10 @@ func newStateCollector() *stateCollector {
 	}
 }
 
-func (c *stateCollector) bind(pool *pgxpool.Pool, clk clock.PassiveClock, window time.Duration, leaderPID func() uint32, sequenceOf func(string) string) {
+func (c *stateCollector) bind(pool *pgxpool.Pool, clk clock.PassiveClock, window time.Duration, holder string, leading func() bool, sequenceOf func(string) string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.pool, c.clock, c.window, c.leaderPID, c.sequenceOf = pool, clk, window, leaderPID, sequenceOf
+	c.pool, c.clock, c.window, c.holder, c.leading, c.sequenceOf = pool, clk, window, holder, leading, sequenceOf
 }
 
 // Describe implements prometheus.Collector.
@@ -204,20 +204,15 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
-	pool, clk, window, leaderPID, sequenceOf := c.pool, c.clock, c.window, c.leaderPID, c.sequenceOf
+	pool, clk, window, holder, leading, sequenceOf := c.pool, c.clock, c.window, c.holder, c.leading, c.sequenceOf
 	c.mu.Unlock()
-	if pool == nil {
-		return
-	}
-	pid := leaderPID()
-	if pid == 0 {
+	if pool == nil || !leading() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), stateScrapeTimeout)
 	defer cancel()
 	now := clk.Now()
-	rows, err := pool.Query(ctx, stateCollectSQL, now, now.Add(window), int64(pid),
-		housekeepingLockKey>>32, housekeepingLockKey&0xffff_ffff)
+	rows, err := pool.Query(ctx, stateCollectSQL, now, now.Add(window), holder)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.waiting, err)
 		return

@@ -74,7 +74,7 @@ func TestHotStatementsProbeIndexesWhateverTheStatistics(t *testing.T) {
 		{"batch lookup", lookupMessagesSQL, []any{types, ids}},
 		{"batch states", insertStatesSQL, states.args()},
 		{"batch unclaim", unclaimSQL, []any{types, ids}},
-		{"waiting gauges", stateCollectSQL, []any{time.Now(), time.Now().Add(time.Hour), int32(0), int64(0), int64(0)}},
+		{"waiting gauges", stateCollectSQL, []any{time.Now(), time.Now().Add(time.Hour), "no-holder"}},
 	}
 
 	for _, stats := range []string{"missing", "stale"} {

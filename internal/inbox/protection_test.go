@@ -27,7 +27,8 @@ func TestLateDuplicateOfAClosedInstanceIsRecognisedUntilItsWindowHasPassed(t *te
 	}
 	hc := HousekeepingConfig{ExpiryDelay: time.Minute, BatchSize: 10, MaxDuration: time.Hour}
 
-	// 90 minutes after closing: past the retention (1h from creation), inside the window (2h from closing).
+	// 90 minutes after closing: past the retention (1h from creation), inside the window (2h from
+	// closing).
 	h.clock.Step(90 * time.Minute)
 	if rep := h.housekeep(hc, &recordingDeadLetterer{}); rep != (HousekeepingReport{Leader: true, Finished: true}) {
 		t.Fatalf("run inside the window = %+v, want nothing deleted or marked", rep)

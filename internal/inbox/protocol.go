@@ -17,7 +17,7 @@ const ClaimProtocol = "insert-first-v1"
 
 // processUnderProtocol processes a sequenced record by this build's claim protocol: T1 with the
 // claim insert first (claimAndProcess). A build with the tag legacy replaces it (legacy.go).
-func (e *Engine) processUnderProtocol(ctx context.Context, conn, stateConn *pgxpool.Conn, instanceID int64, mt *sequence.MessageType, msg Message) (Result, instanceState, error) {
+func (e *Engine) processUnderProtocol(ctx context.Context, conn *pgxpool.Conn, stateConn *stateConn, instanceID int64, mt *sequence.MessageType, msg Message) (Result, instanceState, error) {
 	return e.claimAndProcess(ctx, conn, stateConn, instanceID, mt, msg)
 }
 

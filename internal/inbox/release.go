@@ -15,8 +15,9 @@ import (
 // lockInstanceSQL takes the release lock of an instance. FOR NO KEY UPDATE, not FOR UPDATE: the
 // foreign keys of every claim and message insert take FOR KEY SHARE locks on the instance row,
 // which FOR UPDATE would conflict with, so a release would wait for every in-flight T1 of the
-// instance and buffering would stall behind a release (SPEC §3.5). FOR NO KEY UPDATE only
-// conflicts with itself and stronger locks, which is what serializes releases and actions.
+// instance and buffering would stall behind a release (docs/design.md#release-transaction-t2). FOR
+// NO KEY UPDATE only conflicts with itself and stronger locks, which is what serializes releases
+// and actions.
 const lockInstanceSQL = `SELECT name, context_id, state = 'OPEN', pending_action, coalesce(pending_action_id, '')
 FROM sequence_instance WHERE id = $1
 FOR NO KEY UPDATE`
@@ -53,9 +54,9 @@ const markReleasedSQL = `WITH m AS (
 )
 SELECT 1 FROM m`
 
-// markReleaseFailedSQL sets a message FAILED and deletes its claim in one transaction (SPEC
-// §3.6), so that a resend can claim and retry it; only when the row is still in the expected
-// state ($2). The raw record stays for a CONSUME action.
+// markReleaseFailedSQL sets a message FAILED and deletes its claim in one transaction
+// (docs/design.md#a-failed-release), so that a resend can claim and retry it; only when the row
+// is still in the expected state ($2). The raw record stays for a CONSUME action.
 const markReleaseFailedSQL = `WITH f AS (
   UPDATE sequenced_message SET state = 'FAILED', state_changed_at = now()
   WHERE id = $1 AND state = $2
@@ -74,7 +75,7 @@ SELECT count(*) FROM f`
 type lockedInstance struct {
 	e         *Engine
 	conn      *pgxpool.Conn
-	stateConn *pgxpool.Conn
+	stateConn *stateConn
 	id        int64
 	name      string
 	contextID string
@@ -92,11 +93,11 @@ type lockedInstance struct {
 	failures []Failure
 }
 
-// releaseUnderInstanceLock is T2 (SPEC §3.5): lock the instance, release the oldest WAITING
-// message whose condition holds until none is left, close the instance when every type is
-// PROCESSED. It also runs for duplicates, so that a crashed winner's buffered successors are
-// released by the next delivery. stateConn is for the state writes (lockedInstance).
-func (e *Engine) releaseUnderInstanceLock(ctx context.Context, conn, stateConn *pgxpool.Conn, instanceID int64, seq *sequence.Sequence) ([]Message, []Failure, error) {
+// releaseUnderInstanceLock is T2 (docs/design.md#release-transaction-t2): lock the instance,
+// release the oldest WAITING message whose condition holds until none is left, close the instance
+// when every type is PROCESSED. It also runs for duplicates, so that a crashed winner's buffered
+// successors are released by the next delivery. stateConn is for the state writes (lockedInstance).
+func (e *Engine) releaseUnderInstanceLock(ctx context.Context, conn *pgxpool.Conn, stateConn *stateConn, instanceID int64, seq *sequence.Sequence) ([]Message, []Failure, error) {
 	li, err := e.lockInstance(ctx, conn, stateConn, instanceID, lockInstanceSQL)
 	if err != nil {
 		endQuietly(conn, rollbackSQL)
@@ -119,7 +120,7 @@ func (e *Engine) releaseUnderInstanceLock(ctx context.Context, conn, stateConn *
 // lockInstance begins a transaction with the lock lease, locks the instance row and reads its
 // state, in one round trip. It returns nil when the row is gone (or skipped as locked); the
 // transaction is then still open.
-func (e *Engine) lockInstance(ctx context.Context, conn, stateConn *pgxpool.Conn, instanceID int64, lockSQL string) (*lockedInstance, error) {
+func (e *Engine) lockInstance(ctx context.Context, conn *pgxpool.Conn, stateConn *stateConn, instanceID int64, lockSQL string) (*lockedInstance, error) {
 	li := &lockedInstance{e: e, conn: conn, stateConn: stateConn, id: instanceID, lease: &lease{conn: conn, length: e.lockLease}}
 	b := &pgx.Batch{}
 	b.Queue(beginReadCommittedSQL)
@@ -246,12 +247,12 @@ func (li *lockedInstance) deliverStored(ctx context.Context, messageID int64) er
 	s, listenerErr := d.stored, d.listenerErr
 	var n int
 	if listenerErr != nil {
-		if err := li.stateConn.QueryRow(ctx, markReleaseFailedSQL, messageID, stateWaiting).Scan(&n); err != nil {
+		if err := li.stateConn.queryRow(ctx, []any{&n}, markReleaseFailedSQL, messageID, stateWaiting); err != nil {
 			return fmt.Errorf("mark message %d failed: %w", messageID, err)
 		}
 		li.failures = append(li.failures, Failure{Message: s.msg, Origin: s.msg.Record.Origin, Err: listenerErr})
 	} else {
-		tag, err := li.stateConn.Exec(ctx, markReleasedSQL, messageID, stateWaiting, li.e.keepsRecord(li.name, stateProcessed))
+		tag, err := li.stateConn.exec(ctx, markReleasedSQL, messageID, stateWaiting, li.e.keepsRecord(li.name, stateProcessed))
 		if err != nil {
 			return fmt.Errorf("mark message %d processed: %w", messageID, err)
 		}
@@ -286,7 +287,7 @@ func (li *lockedInstance) deliverRecord(ctx context.Context, messageID int64) (d
 	}
 	listenerErr := errNoStoredRecord
 	if s.hasRecord {
-		if listenerErr, err = li.e.callUnderLease(ctx, li.lease, s.msg); err != nil {
+		if listenerErr, err = li.e.callUnderLease(ctx, li.lease, li.stateConn, s.msg); err != nil {
 			return delivery{}, err
 		}
 	}
