@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -401,14 +400,10 @@ func (e *Engine) recording() bool {
 	return !e.cfg.SequencingStartTime.IsZero() && e.clock.Now().Before(e.cfg.SequencingStartTime)
 }
 
-// splitQualified recovers type and subtype of a stored qualified type; a type never contains a
-// dot (the CRD forbids it), so the first dot separates them.
+// splitQualified recovers type and subtype of a stored qualified type by the declaration (a type
+// may contain dots, a subtype may not; docs/design.md#qualified-types).
 func (e *Engine) splitQualified(qualified string) (typ, subtype string) {
-	if mt, ok := e.set.Lookup(qualified); ok {
-		return mt.Type, mt.Subtype
-	}
-	typ, subtype, _ = strings.Cut(qualified, ".")
-	return typ, subtype
+	return e.set.Split(qualified)
 }
 
 // millis renders a duration as the milliseconds string that PostgreSQL settings take.
