@@ -26,7 +26,7 @@ type OwnedError struct {
 func (e *OwnedError) Error() string {
 	return fmt.Sprintf("%v: these tables belong to inbox %s (recorded in %s since %s), not to %s; "+
 		"one set of tables serves one inbox, because housekeeping and operator actions act on every row they see. "+
-		"Give %s its own database, or its own schema (search_path in its database URL); "+
+		"Give %s its own database, or its own schema (spec.database.schema, with the search_path of its database role set to it); "+
 		"if %s is gone for good and %s takes over its tables, run `seqinbox migrate --inbox %s --take-over-from %s`",
 		ErrOwnedByAnotherInbox, e.Owner, OwnerTable, e.ClaimedAt.UTC().Format(time.RFC3339), e.Inbox,
 		e.Inbox, e.Owner, e.Inbox, e.Inbox, e.Owner)

@@ -240,6 +240,17 @@ type DatabaseSpec struct {
 	// URLSecretRef names the Secret key that holds the PostgreSQL connection URL.
 	URLSecretRef corev1.SecretKeySelector `json:"urlSecretRef"`
 
+	// Schema is the PostgreSQL schema that holds this inbox's tables, for a second inbox in one
+	// database. The migration and every consumer check before they touch a table that the
+	// connection resolves unqualified names to it (current_schema(): the first existing schema of
+	// search_path) and refuse otherwise, naming the schema they found. Set search_path for the
+	// database role or the database (ALTER ROLE … SET search_path), which works behind a
+	// connection pooler, or in the URL when nothing pools the connections. Empty: not checked.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[a-z_][a-z0-9_]*$`
+	// +kubebuilder:validation:MaxLength=63
+	Schema string `json:"schema,omitempty"`
+
 	// PoolSize is the number of connections per consumer pod for records; a record in flight holds
 	// up to two. Each pod holds 4 more for housekeeping, operator actions and the version fence.
 	// +optional

@@ -35,6 +35,8 @@ type actionRequest struct {
 	// inbox (namespace/name), when set, is the inbox the action is for: tables another inbox owns
 	// are refused.
 	inbox string
+	// schema is spec.database.schema: the schema that must hold the tables.
+	schema string
 }
 
 // target names what the action is on, for the report.
@@ -101,6 +103,7 @@ In Kubernetes, create a SequentialInboxAction instead: the operator runs this co
 				return err
 			}
 			fromEnv(cmd, "inbox", envInbox, &req.inbox)
+			fromEnv(cmd, "schema", envDatabaseSchema, &req.schema)
 			if req.inbox != "" && !validInboxName(req.inbox) {
 				return usageErrorf("--inbox %q: must be namespace/name of a SequentialInbox", req.inbox)
 			}
@@ -122,6 +125,7 @@ In Kubernetes, create a SequentialInboxAction instead: the operator runs this co
 	cmd.Flags().StringVar(&req.requestID, "request-id", "", "id of the request, so that its execution can be awaited (the operator passes the SequentialInboxAction's UID)")
 	cmd.Flags().DurationVar(&req.wait, "wait", 0, "after recording, wait this long for a consumer to execute the action and report its outcome")
 	cmd.Flags().StringVar(&req.inbox, "inbox", "", "namespace/name of the SequentialInbox the action is for; refused when another inbox owns the tables (env "+envInbox+")")
+	addSchemaFlag(cmd, &req.schema)
 	cmd.Flags().BoolVar(&req.awaitOnly, "await-only", false, "do not record: only await the outcome of the request recorded earlier with --request-id")
 	addOutputFlag(cmd, &output)
 	cmd.Flags().StringVar(&terminationPath, "termination-message-path", "", "also write the JSON report here, within 4 KiB (Kubernetes termination message)")
@@ -189,6 +193,9 @@ func recordAction(ctx context.Context, databaseURL string, req actionRequest, re
 		return fmt.Errorf("connect to the database: %w", err)
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	if err := migrations.CheckSchemaName(ctx, conn, req.schema); err != nil {
+		return err
+	}
 	if v, err := fence.CheckSchema(ctx, conn); errors.Is(err, fence.ErrSchemaOlder) {
 		return fmt.Errorf("database schema version %d is older than version %d this build needs: run `seqinbox migrate` first", v, migrations.Latest())
 	} else if err != nil {

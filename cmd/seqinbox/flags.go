@@ -23,6 +23,7 @@ import (
 const (
 	envDatabaseURL      = "SEQINBOX_DATABASE_URL"
 	envInbox            = "SEQINBOX_INBOX"
+	envDatabaseSchema   = "SEQINBOX_DATABASE_SCHEMA"
 	envBootstrapServers = "SEQINBOX_BOOTSTRAP_SERVERS"
 	envKafkaUsername    = "SEQINBOX_KAFKA_USERNAME"
 	envKafkaPassword    = "SEQINBOX_KAFKA_PASSWORD"
@@ -86,6 +87,12 @@ func checkOutput(output string) error {
 }
 
 // fromEnv sets *p from the environment variable when the flag was not given on the command line.
+// addSchemaFlag adds --schema, the schema that must hold the inbox's tables
+// (spec.database.schema), checked before any table is touched.
+func addSchemaFlag(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVar(p, "schema", "", "schema that must hold the inbox's tables (spec.database.schema); refused when the connection resolves tables to another (env "+envDatabaseSchema+")")
+}
+
 func fromEnv(cmd *cobra.Command, flag, env string, p *string) {
 	if !cmd.Flags().Changed(flag) {
 		if v, ok := os.LookupEnv(env); ok {

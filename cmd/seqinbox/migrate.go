@@ -32,6 +32,8 @@ type migrateOptions struct {
 	// inbox (namespace/name) is the inbox the tables are migrated for; takeOverFrom the inbox
 	// whose tables it takes over.
 	inbox, takeOverFrom string
+	// schema is spec.database.schema: the schema that must hold the tables.
+	schema string
 }
 
 func newMigrateCommand() *cobra.Command {
@@ -73,6 +75,7 @@ termination message (--termination-message-path).`,
 				return err
 			}
 			fromEnv(cmd, "inbox", envInbox, &opts.inbox)
+			fromEnv(cmd, "schema", envDatabaseSchema, &opts.schema)
 			if opts.liveWithin <= 0 {
 				return usageErrorf("--live-within %s: must be positive", opts.liveWithin)
 			}
@@ -95,6 +98,7 @@ termination message (--termination-message-path).`,
 	cmd.Flags().BoolVar(&opts.dryRun, "dry-run", false, "apply nothing; report the current schema version and the pending migrations")
 	cmd.Flags().StringVar(&terminationPath, "termination-message-path", "", "also write the JSON report here, cut to 4 KiB (Kubernetes termination message)")
 	cmd.Flags().StringVar(&opts.inbox, "inbox", "", "namespace/name of the SequentialInbox the tables are for; refused when another inbox owns them (env "+envInbox+")")
+	addSchemaFlag(cmd, &opts.schema)
 	cmd.Flags().StringVar(&opts.takeOverFrom, "take-over-from", "", "namespace/name of an inbox gone for good whose tables --inbox takes over")
 	cmd.Flags().DurationVar(&opts.liveWithin, "live-within", fence.DefaultLivenessWindow, "a consumer whose last heartbeat is younger than this is reported live")
 	return cmd
@@ -151,6 +155,9 @@ func migrate(ctx context.Context, opts migrateOptions) (migrations.Report, error
 		return report, fmt.Errorf("connect to the database: %w", err)
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	if err := migrations.CheckSchemaName(ctx, conn, opts.schema); err != nil {
+		return report, err
+	}
 
 	var runErr error
 	switch {

@@ -363,3 +363,57 @@ func TestMigrateDryRunReportsBlockedRecordsAndToleratesASchemaWithoutThem(t *tes
 		t.Fatalf("text output does not name the blocked record:\n%s", out.String())
 	}
 }
+
+// TestMigrateCreatesTheTablesOnlyInTheSchemaOfTheInbox runs `seqinbox migrate --schema inbox_a`
+// through PgBouncer in transaction mode, which refuses search_path in the URL: on a database whose
+// sessions resolve tables to public it refuses before anything is created, naming public and how
+// to set the schema; on one whose search_path is set for the database it creates every table in
+// inbox_a and none in public. Without the check the first run created a second set of tables in
+// public.
+func TestMigrateCreatesTheTablesOnlyInTheSchemaOfTheInbox(t *testing.T) {
+	ctx := context.Background()
+	tables := func(pool *pgxpool.Pool, schema string) int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, setPath := range []bool{false, true} {
+		url, pool := migrateDatabase(t)
+		if _, err := pool.Exec(ctx, `CREATE SCHEMA inbox_a`); err != nil {
+			t.Fatal(err)
+		}
+		if setPath {
+			var db string
+			if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, `ALTER DATABASE "`+db+`" SET search_path = inbox_a`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pooled := testenv.PgBouncer(t, url, 2)
+		var out bytes.Buffer
+		err := migrateCommand(ctx, []string{"--database-url", pooled, "--schema", "inbox_a"}, &out)
+		if !setPath {
+			if !errors.Is(err, migrations.ErrWrongSchema) || !strings.Contains(err.Error(), `"public"`) || !strings.Contains(err.Error(), "ALTER ROLE") {
+				t.Fatalf("migrate --schema inbox_a on a database resolving to public = %v; want %v naming \"public\" and how to set the schema", err, migrations.ErrWrongSchema)
+			}
+			if n := tables(pool, "public") + tables(pool, "inbox_a"); n != 0 {
+				t.Fatalf("%d tables created by a refused migration, want none", n)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("migrate --schema inbox_a with the database's search_path set: %v", err)
+		}
+		var claims bool
+		if err := pool.QueryRow(ctx, `SELECT to_regclass('inbox_a.sequential_inbox_idempotence') IS NOT NULL`).Scan(&claims); err != nil || !claims {
+			t.Fatalf("claim table in inbox_a: %v, %v; want it created there", claims, err)
+		}
+		if n := tables(pool, "public"); n != 0 {
+			t.Fatalf("%d tables in public, want none", n)
+		}
+	}
+}

@@ -239,6 +239,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	f, err := fence.New(maintenance, fence.Identity{
 		InstanceID: c.cfg.InstanceID, ConsumerGroup: spec.Kafka.ConsumerGroup,
 		EngineVersion: c.build.engineVersion, ClaimProtocol: c.build.claimProtocol, Inbox: manifest.InboxName(c.cfg.Inbox),
+		Schema: spec.Database.Schema,
 	}, fenceCfg)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -239,11 +238,7 @@ func TestOursHoldsTheGroupAndAForeignClientIsRefused(t *testing.T) {
 func migratedDatabase(t *testing.T, prefix string) string {
 	t.Helper()
 	url := testenv.FreshDatabase(t, prefix)
-	pool, err := pgxpool.New(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := testenv.Pool(t, url)
 	if _, err := migrations.Apply(context.Background(), pool); err != nil {
 		t.Fatal(err)
 	}

@@ -196,11 +196,7 @@ func TestConsumerWaitsForTheSchemaItNeeds(t *testing.T) {
 		t.Fatalf("the consumer joined the group on an old schema (%d members)", len(members))
 	}
 
-	pool, err := pgxpool.New(ctx, fresh)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := testenv.Pool(t, fresh)
 	if _, err := migrations.Apply(ctx, pool); err != nil {
 		t.Fatal(err)
 	}

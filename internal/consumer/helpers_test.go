@@ -41,11 +41,7 @@ var migrateOnce sync.Once
 // the test.
 func database(t testing.TB) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testenv.Pool(t, dbURL)
 	migrateOnce.Do(func() {
 		if _, err := migrations.Apply(context.Background(), pool); err != nil {
 			t.Fatalf("migrate: %v", err)

@@ -13,14 +13,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
-	"github.com/seqinbox/seqinbox/internal/manifest"
 )
 
 // +kubebuilder:rbac:groups=inbox.seqinbox.dev,resources=sequentialinboxactions,verbs=get;list;watch
@@ -188,7 +186,7 @@ func (a *ActionReconciler) createJob(ctx context.Context, s *scope, action *v1al
 		component: componentAction,
 		run:       &v1alpha1.JobRunStatus{Key: actionKey(action), Attempt: attempt},
 		args:      actionArgs(action, attempt),
-		env:       []*corev1ac.EnvVarApplyConfiguration{corev1ac.EnvVar().WithName(inboxEnv).WithValue(manifest.InboxName(s.inbox))},
+		env:       tablesEnv(s.inbox),
 	}
 	owner, err := a.jobs.controllerRef(action)
 	if err != nil {

@@ -113,7 +113,7 @@ func TestActionIsRecordedByAJobFromTheInboxImageThenAwaitedUntilExecuted(t *test
 	// belong to, pull secrets, no retries, bounded lifetime.
 	migration := buildJob(h.get("orders"), imageV2, jobRequest{component: componentMigration,
 		run: &v1alpha1.JobRunStatus{Key: "k", Attempt: 1}, args: reportArgs(),
-		env: []*corev1ac.EnvVarApplyConfiguration{corev1ac.EnvVar().WithName(inboxEnv).WithValue(h.ns + "/orders")}}, "m")
+		env: tablesEnv(h.get("orders"))}, "m")
 	applied, err := batchv1ac.ExtractJob(job, fieldOwner) // what the operator applied to the action's Job
 	h.must(err)
 	hardening := func(p *corev1ac.PodSpecApplyConfiguration) []any {

@@ -41,7 +41,7 @@ func (r *Reconciler) migrateSchema(ctx context.Context, s *scope) (phaseResult, 
 		return proceed, nil
 	}
 	out, err := r.runJob(ctx, s, jobRequest{component: componentMigration, run: run, args: reportArgs(),
-		env: []*corev1ac.EnvVarApplyConfiguration{corev1ac.EnvVar().WithName(inboxEnv).WithValue(manifest.InboxName(s.inbox))}})
+		env: tablesEnv(s.inbox)})
 	if err != nil {
 		return proceed, fmt.Errorf("migrate schema: %w", err)
 	}
@@ -81,6 +81,20 @@ func (r *Reconciler) migrateSchema(ctx context.Context, s *scope) (phaseResult, 
 // instead of failing on an unknown flag.
 const inboxEnv = "SEQINBOX_INBOX"
 
+// schemaEnv is spec.database.schema, the schema that must hold the tables (`seqinbox migrate
+// --schema`, `seqinbox action --schema`); an environment variable for the same reason.
+const schemaEnv = "SEQINBOX_DATABASE_SCHEMA"
+
+// tablesEnv tells a Job which inbox's tables it works on (inboxEnv) and, when the inbox names
+// one, in which schema they must be (schemaEnv).
+func tablesEnv(inbox *v1alpha1.SequentialInbox) []*corev1ac.EnvVarApplyConfiguration {
+	env := []*corev1ac.EnvVarApplyConfiguration{corev1ac.EnvVar().WithName(inboxEnv).WithValue(manifest.InboxName(inbox))}
+	if schema := inbox.Spec.Database.Schema; schema != "" {
+		env = append(env, corev1ac.EnvVar().WithName(schemaEnv).WithValue(schema))
+	}
+	return env
+}
+
 // otherOwner is the inbox that owns the database's tables according to a failed migration's
 // report, when that is not this inbox; empty otherwise.
 func otherOwner(inbox *v1alpha1.SequentialInbox, report *migrations.Report) string {
@@ -94,7 +108,7 @@ func otherOwner(inbox *v1alpha1.SequentialInbox, report *migrations.Report) stri
 func databaseInUse(inbox *v1alpha1.SequentialInbox, owner string) string {
 	return fmt.Sprintf("The database's tables belong to SequentialInbox %[1]s: one set of tables serves one inbox, because "+
 		"housekeeping and operator actions act on every row they see. Nothing runs for this inbox, and %[1]s is left as it is. "+
-		"Point spec.database.urlSecretRef at a database of its own, or at a schema of its own (search_path in the URL); "+
+		"Point spec.database.urlSecretRef at a database of its own, or give it a schema of its own (spec.database.schema, with the search_path of its database role set to it); "+
 		"if %[1]s is gone for good and this inbox takes over its tables, run "+
 		"`seqinbox migrate --inbox %[2]s --take-over-from %[1]s` against the database.", owner, manifest.InboxName(inbox))
 }

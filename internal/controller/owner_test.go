@@ -102,3 +102,26 @@ func TestASecondInboxOnTheSameTablesIsRefusedWhileTheFirstRuns(t *testing.T) {
 	h.expectCondition("invoices", v1alpha1.ConditionSchemaReady, metav1.ConditionFalse, v1alpha1.DatabaseInUseReason, owner)
 	h.noDeployment("invoices")
 }
+
+// TestTheMigrationJobNamesTheSchemaOfTheInbox: an inbox with spec.database.schema passes it to
+// its migration Job (SEQINBOX_DATABASE_SCHEMA), whose `seqinbox migrate` refuses to create the
+// tables anywhere else; an inbox without one passes nothing, so that the check stays off.
+func TestTheMigrationJobNamesTheSchemaOfTheInbox(t *testing.T) {
+	h := newHarness(t)
+	h.create("orders", func(in *v1alpha1.SequentialInbox) { in.Spec.Database.Schema = "orders_inbox" })
+	h.create("invoices", nil)
+	for name, want := range map[string]string{"orders": "orders_inbox", "invoices": ""} {
+		h.reconcile(name)
+		h.completeJob(h.onlyJob(name, componentProbe))
+		h.reconcile(name)
+		got := ""
+		for _, e := range h.onlyJob(name, componentMigration).Spec.Template.Spec.Containers[0].Env {
+			if e.Name == schemaEnv {
+				got = e.Value
+			}
+		}
+		if got != want {
+			t.Errorf("%s: migration Job's %s = %q, want %q", name, schemaEnv, got, want)
+		}
+	}
+}

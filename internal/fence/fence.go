@@ -73,6 +73,9 @@ type Identity struct {
 	// tables for it and refuses tables another inbox owns (migrations.ClaimOwner). Empty only
 	// for tools that serve no inbox.
 	Inbox string
+	// Schema is spec.database.schema: the fence is not ready while the connection resolves
+	// tables to another schema (migrations.CheckSchemaName). Empty: not checked.
+	Schema string
 }
 
 // Consumer is one row of the consumer registry.
@@ -378,6 +381,9 @@ func (f *Fence) Run(ctx context.Context, onChange func(ready bool, reason string
 // heartbeat was sent, by the injected clock. unsure is true when the pass is not ready only because
 // a read failed, not because of what it read.
 func (f *Fence) check(ctx context.Context, lastBeat *time.Time) (ready bool, reason string, unsure bool) {
+	if err := migrations.CheckSchemaName(ctx, f.pool, f.id.Schema); err != nil {
+		return false, err.Error(), !errors.Is(err, migrations.ErrWrongSchema)
+	}
 	if _, err := CheckSchema(ctx, f.pool); err != nil {
 		return false, err.Error(), !errors.Is(err, ErrSchemaOlder)
 	}

@@ -315,3 +315,20 @@ func TestAConsumerThatNeverRegisteredStopsWithoutADeregisterError(t *testing.T) 
 		})
 	}
 }
+
+// TestRunIsNotReadyWhileTheConnectionResolvesTablesToAnotherSchema runs the fence of a consumer
+// whose inbox names schema inbox_a on a database whose tables are in public: it is not ready,
+// saying which schema it found and how to set the right one, and registers nowhere.
+func TestRunIsNotReadyWhileTheConnectionResolvesTablesToAnotherSchema(t *testing.T) {
+	pool := migratedDatabase(t, 0)
+	id := identity("a", "orders", "proto-a")
+	id.Schema = "inbox_a"
+	r := startRun(t, newFence(t, pool, id, newManualClock()))
+	c := r.next(t)
+	if c.ready || !strings.Contains(c.reason, `"public"`) || !strings.Contains(c.reason, `"inbox_a"`) || !strings.Contains(c.reason, "search_path") {
+		t.Fatalf("readiness = %+v; want not ready, naming public, inbox_a and search_path", c)
+	}
+	if n := registryRows(t, pool); n != 0 {
+		t.Fatalf("%d registry rows, want none for a consumer on the wrong schema", n)
+	}
+}
