@@ -11,7 +11,8 @@
 #   SEQINBOX_PGBOUNCER_PORT       listen port (default 6432)
 #   SEQINBOX_PGBOUNCER_POOL_SIZE  server connections per database and user (default 12)
 # Every database name is served (a `*` entry), so tests can create and use databases of their own.
-# `hack/pgbouncer.sh stop` stops the PgBouncer of that port. Progress goes to stderr.
+# `hack/pgbouncer.sh stop` stops the PgBouncer of that port and removes its files. Progress goes to
+# stderr.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -43,6 +44,8 @@ if [ "${1:-}" = stop ]; then
     kill -0 "$pid" 2>/dev/null && { log "PgBouncer (pid $pid) did not stop"; exit 1; }
     log "stopped PgBouncer on 127.0.0.1:$port"
   fi
+  # Its configuration is written anew at every start: nothing of a stopped one is kept.
+  rm -rf "$dir"
   exit 0
 fi
 
