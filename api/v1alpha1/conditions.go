@@ -19,6 +19,10 @@ const (
 	// ConditionScalingLimited is True when fewer consumers run than spec.replicas asks for: the
 	// topics' partition count or the connection budget caps them.
 	ConditionScalingLimited = "ScalingLimited"
+	// ConditionConsumerStateServed says whether the consumers serve their state to the operator,
+	// which status.consumers, the Lag and Waiting columns and Degraded PartitionBlocked come from:
+	// False when the image's engine version predates it, and its consumers run without it.
+	ConditionConsumerStateServed = "ConsumerStateServed"
 )
 
 // ApproveRolloutAnnotation is the annotation that, set to the target engine version, lets a
@@ -103,6 +107,13 @@ const (
 	PartitionCountUnknownReason = "PartitionCountUnknown"
 	// WithinLimitsReason (ScalingLimited False): every requested replica runs.
 	WithinLimitsReason = "WithinLimits"
+
+	// StateServedReason (ConsumerStateServed True): the consumers' engine serves its state, and
+	// the operator reads it.
+	StateServedReason = "StateServed"
+	// EnginePredatesStateReason (ConsumerStateServed False): the image's engine version is older
+	// than the first release whose consumers serve their state; they run without it.
+	EnginePredatesStateReason = "EnginePredatesState"
 )
 
 // Reasons of the SequentialInboxAction conditions (Recorded, Executed), named as their values.

@@ -574,7 +574,8 @@ type SequentialInboxStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Conditions: Ready, ConfigValid, SchemaReady, RolloutBlocked, Progressing, Degraded, ScalingLimited.
+	// Conditions: Ready, ConfigValid, SchemaReady, RolloutBlocked, Progressing, Degraded, ScalingLimited,
+	// ConsumerStateServed.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
@@ -634,6 +635,8 @@ type SequentialInboxStatus struct {
 	// messages waiting in the buffer, the dead letters of the last hour and each pod's
 	// partitions and blocked record. The operator reads the consumers every few seconds but
 	// writes this at most every 30 seconds, and only when a value moved beyond a small band.
+	// Absent while no consumer runs, and for an image whose consumers serve no state (see the
+	// ConsumerStateServed condition).
 	// +optional
 	Consumers *ConsumersStatus `json:"consumers,omitempty"`
 }

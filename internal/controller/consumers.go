@@ -108,10 +108,13 @@ func (c *consumerReads) ofLocked(key types.NamespacedName) *inboxReads {
 
 // reportConsumers lists the consumer pods for the poller to read, names in Degraded the records
 // retried for longer than BlockedThreshold, and writes the summary when it is due. It reads no
-// consumer itself and never stops the pass.
+// consumer itself and never stops the pass. Consumers of an engine that serves no state
+// (servesState) are not read: status.consumers is left out, and ConsumerStateServed says why.
 func (r *Reconciler) reportConsumers(_ context.Context, s *scope) (phaseResult, error) {
 	key := client.ObjectKeyFromObject(s.inbox)
-	if desiredReplicas(s.deployment) == 0 && len(s.consumerPods) == 0 {
+	served := servesState(s.running.Version)
+	s.setCondition(consumerStateServedCondition(s.running.Version, served))
+	if !served || desiredReplicas(s.deployment) == 0 && len(s.consumerPods) == 0 {
 		r.reads.forget(key)
 		s.inbox.Status.Consumers = nil
 		return proceed, nil
@@ -295,23 +298,23 @@ func (r *Reconciler) pollLoop(ctx context.Context, passes chan<- event.GenericEv
 const staleAfter = 3
 
 // stateAddress is where a consumer pod serves its state: its IP and the container's state port.
-// Pods not running yet or terminating are not read.
+// Pods not running yet or terminating are not read, nor pods without the state port: those of
+// an engine that serves no state, during a rollout from or to one.
 func stateAddress(pod *corev1.Pod) (string, bool) {
 	if pod.Status.PodIP == "" || pod.Status.Phase != corev1.PodRunning || pod.DeletionTimestamp != nil {
 		return "", false
 	}
-	port := int32(statePort)
 	for _, c := range pod.Spec.Containers {
 		if c.Name != consumerContainer {
 			continue
 		}
 		for _, p := range c.Ports {
 			if p.Name == statePortName {
-				port = p.ContainerPort
+				return net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(int(p.ContainerPort))), true
 			}
 		}
 	}
-	return net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(int(port))), true
+	return "", false
 }
 
 // stateClient builds the client of an inbox's consumers from its credentials Secret, read

@@ -11,6 +11,8 @@
 // the phases of reconcilePhases (the inner reconcile) in order. Each phase lets the pass go on,
 // stops it to wait (for a watch event or a time), or fails it:
 //
+//  0. removeRetiredJobs: once per inbox and operator process, the Jobs of components that older
+//     operators ran and this one does not (the registry checks, retired.go) are deleted.
 //  1. validate: declaration.Compile (docs/design.md#the-declaration, the same function the consumer runs) and the
 //     connection budget; an invalid spec stops here, before anything that runs is touched, with
 //     ConfigValid=False naming every field. A poll interval that cannot cover the worst case of

@@ -77,6 +77,8 @@ type Reconciler struct {
 	Options
 	// reads is what the operator last read from the consumers of each inbox.
 	reads consumerReads
+	// retired records the inboxes whose Jobs of older operators were removed (retired.go).
+	retired retiredJobs
 }
 
 // NewReconciler builds a Reconciler from its dependencies, filling in default options.
@@ -187,6 +189,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 	if err := r.Client.Get(ctx, req.NamespacedName, inbox); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.reads.forget(req.NamespacedName)
+			r.retired.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -226,7 +229,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ct
 // reconcilePhases is the inner reconcile: the phases in order, each of which lets the pass go
 // on, stops it to wait, or fails it. The generation counts as observed only when every phase ran.
 func (r *Reconciler) reconcilePhases(ctx context.Context, s *scope) (ctrl.Result, error) {
-	phases := []phaseFunc{r.validate, r.renderConfig, r.probeTarget, r.gateRollout, r.migrateSchema, r.planReplicas, r.ensureWorkload, r.watchGroup, r.reportConsumers}
+	phases := []phaseFunc{r.removeRetiredJobs, r.validate, r.renderConfig, r.probeTarget, r.gateRollout, r.migrateSchema, r.planReplicas, r.ensureWorkload, r.watchGroup, r.reportConsumers}
 	for _, phase := range phases {
 		res, err := phase(ctx, s)
 		if err != nil {
@@ -285,6 +288,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *scope) (ctrl.Result
 	}
 	s.finalized = true
 	r.reads.forget(client.ObjectKeyFromObject(s.inbox))
+	r.retired.forget(client.ObjectKeyFromObject(s.inbox))
 	forgetConditions(s.inbox)
 	r.event(s.inbox, corev1.EventTypeNormal, "ConsumersStopped", "Delete", "The consumers stopped; the database and its contents stay")
 	return ctrl.Result{}, nil

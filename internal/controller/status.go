@@ -47,6 +47,19 @@ func rolloutBlockedCondition(reason, message string, blocked bool) metav1.Condit
 	return condition(v1alpha1.ConditionRolloutBlocked, status, reason, message)
 }
 
+// consumerStateServedCondition says whether the consumers of the engine version serve their
+// state to the operator.
+func consumerStateServedCondition(engineVersion string, served bool) metav1.Condition {
+	if served {
+		return condition(v1alpha1.ConditionConsumerStateServed, metav1.ConditionTrue, v1alpha1.StateServedReason,
+			fmt.Sprintf("The consumers (engine %s) serve their state; the operator reads it into status.consumers.", engineVersion))
+	}
+	return condition(v1alpha1.ConditionConsumerStateServed, metav1.ConditionFalse, v1alpha1.EnginePredatesStateReason,
+		fmt.Sprintf("The consumers run engine %s, which predates the consumer state (served from %s on): they run without it, "+
+			"so status.consumers, the Lag and Waiting columns and Degraded PartitionBlocked stay empty until spec.image runs %s or later.",
+			engineVersion, stateServedSince, stateServedSince))
+}
+
 // readyCondition summarises: True only when the configuration is valid, the schema is migrated,
 // no rollout is blocked, the pass reached its end and the consumer Deployment is available.
 func readyCondition(s *scope) metav1.Condition {

@@ -54,10 +54,14 @@ var (
 	imageV1      = "ghcr.io/seqinbox/seqinbox:v1.0.0"
 	imageV1Patch = "ghcr.io/seqinbox/seqinbox:v1.0.1"
 	imageV2      = "ghcr.io/seqinbox/seqinbox:v2.0.0"
-	engines      = map[string]engine{
-		imageV1:      {Image: imageV1, Version: "v1.0.0", ClaimProtocol: "insert-first-v1"},
-		imageV1Patch: {Image: imageV1Patch, Version: "v1.0.1", ClaimProtocol: "insert-first-v1"},
-		imageV2:      {Image: imageV2, Version: "v2.0.0", ClaimProtocol: "insert-first-v2"},
+	// imageBeforeState is a release from before the consumers served their state: its consume
+	// command knows no --state-bind-address.
+	imageBeforeState = "ghcr.io/seqinbox/seqinbox:v0.0.9"
+	engines          = map[string]engine{
+		imageV1:          {Image: imageV1, Version: "v1.0.0", ClaimProtocol: "insert-first-v1"},
+		imageV1Patch:     {Image: imageV1Patch, Version: "v1.0.1", ClaimProtocol: "insert-first-v1"},
+		imageV2:          {Image: imageV2, Version: "v2.0.0", ClaimProtocol: "insert-first-v2"},
+		imageBeforeState: {Image: imageBeforeState, Version: "v0.0.9", ClaimProtocol: "insert-first-v1"},
 	}
 )
 

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/kafkaauth"
+	"github.com/seqinbox/seqinbox/internal/version"
 )
 
 // The consumer container's name, ports and files.
@@ -148,22 +150,40 @@ func consumerDeployment(s *scope) *appsv1ac.DeploymentApplyConfiguration {
 				WithSpec(consumerPodSpec(s))))
 }
 
+// consumerPodSpec renders the consumers' pod. Consumers of an engine that serves its state
+// (servesState) serve it on the state port from the mounted credentials; older engines know no
+// such flag and get none of it.
 func consumerPodSpec(s *scope) *corev1ac.PodSpecApplyConfiguration {
 	inbox := s.inbox
+	state := servesState(s.target.Version)
+	args := []string{"consume", "-f", configPath,
+		"--health-probe-bind-address", fmt.Sprintf(":%d", healthPort),
+		"--metrics-bind-address", fmt.Sprintf(":%d", metricsPort)}
+	ports := []*corev1ac.ContainerPortApplyConfiguration{
+		corev1ac.ContainerPort().WithName("metrics").WithContainerPort(metricsPort).WithProtocol(corev1.ProtocolTCP),
+		corev1ac.ContainerPort().WithName("health").WithContainerPort(healthPort).WithProtocol(corev1.ProtocolTCP)}
+	mounts := []*corev1ac.VolumeMountApplyConfiguration{
+		corev1ac.VolumeMount().WithName("config").WithMountPath(configDir).WithReadOnly(true)}
+	volumes := []*corev1ac.VolumeApplyConfiguration{
+		corev1ac.Volume().WithName("config").WithProjected(corev1ac.ProjectedVolumeSource().
+			WithDefaultMode(0o440).
+			WithSources(configSources(s)...))}
+	if state {
+		args = append(args, "--state-bind-address", fmt.Sprintf(":%d", statePort), "--state-credentials-dir", stateDir)
+		ports = append(ports, corev1ac.ContainerPort().WithName(statePortName).WithContainerPort(statePort).WithProtocol(corev1.ProtocolTCP))
+		mounts = append(mounts, corev1ac.VolumeMount().WithName(statePortName).WithMountPath(stateDir).WithReadOnly(true))
+		volumes = append(volumes, corev1ac.Volume().WithName(statePortName).WithSecret(corev1ac.SecretVolumeSource().
+			WithSecretName(stateSecretName(inbox)).
+			WithDefaultMode(0o440)))
+	}
+	mounts = append(mounts, corev1ac.VolumeMount().WithName("tmp").WithMountPath("/tmp"))
+	volumes = append(volumes, corev1ac.Volume().WithName("tmp").WithEmptyDir(corev1ac.EmptyDirVolumeSource().WithSizeLimit(resource.MustParse("64Mi"))))
 	consumer := corev1ac.Container().
 		WithName(consumerContainer).
 		WithImage(s.image).
-		WithArgs("consume", "-f", configPath,
-			"--health-probe-bind-address", fmt.Sprintf(":%d", healthPort),
-			"--metrics-bind-address", fmt.Sprintf(":%d", metricsPort),
-			"--state-bind-address", fmt.Sprintf(":%d", statePort),
-			"--state-credentials-dir", stateDir,
-			"--instance-id", "$(POD_NAME)").
+		WithArgs(append(args, "--instance-id", "$(POD_NAME)")...).
 		WithEnv(consumerEnv(inbox)...).
-		WithPorts(
-			corev1ac.ContainerPort().WithName("metrics").WithContainerPort(metricsPort).WithProtocol(corev1.ProtocolTCP),
-			corev1ac.ContainerPort().WithName("health").WithContainerPort(healthPort).WithProtocol(corev1.ProtocolTCP),
-			corev1ac.ContainerPort().WithName(statePortName).WithContainerPort(statePort).WithProtocol(corev1.ProtocolTCP)).
+		WithPorts(ports...).
 		WithLivenessProbe(corev1ac.Probe().
 			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/healthz").WithPort(intstr.FromString("health"))).
 			WithPeriodSeconds(10).
@@ -173,25 +193,36 @@ func consumerPodSpec(s *scope) *corev1ac.PodSpecApplyConfiguration {
 			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/readyz").WithPort(intstr.FromString("health"))).
 			WithPeriodSeconds(5)).
 		WithResources(resourceRequirements(consumerResources(inbox))).
-		WithVolumeMounts(
-			corev1ac.VolumeMount().WithName("config").WithMountPath(configDir).WithReadOnly(true),
-			corev1ac.VolumeMount().WithName(statePortName).WithMountPath(stateDir).WithReadOnly(true),
-			corev1ac.VolumeMount().WithName("tmp").WithMountPath("/tmp"))
+		WithVolumeMounts(mounts...)
 	return hardenedPod(inbox, consumer).
-		WithTerminationGracePeriodSeconds(int64(inbox.Spec.Kafka.MaxPollIntervalMs/1000)+shutdownMargin).
+		WithTerminationGracePeriodSeconds(int64(inbox.Spec.Kafka.MaxPollIntervalMs/1000) + shutdownMargin).
 		WithTopologySpreadConstraints(corev1ac.TopologySpreadConstraint().
 			WithMaxSkew(1).
 			WithTopologyKey("kubernetes.io/hostname").
 			WithWhenUnsatisfiable(corev1.ScheduleAnyway).
 			WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(selectorLabels(inbox, componentConsumer)))).
-		WithVolumes(
-			corev1ac.Volume().WithName("config").WithProjected(corev1ac.ProjectedVolumeSource().
-				WithDefaultMode(0o440).
-				WithSources(configSources(s)...)),
-			corev1ac.Volume().WithName(statePortName).WithSecret(corev1ac.SecretVolumeSource().
-				WithSecretName(stateSecretName(inbox)).
-				WithDefaultMode(0o440)),
-			corev1ac.Volume().WithName("tmp").WithEmptyDir(corev1ac.EmptyDirVolumeSource().WithSizeLimit(resource.MustParse("64Mi"))))
+		WithVolumes(volumes...)
+}
+
+// stateServedSince is the first release whose consumers serve their state (`seqinbox consume
+// --state-bind-address`); the consumers of earlier releases refuse the flag and do not start.
+const stateServedSince = "v0.1.0"
+
+// servesState reports whether the consumers of an engine version serve their state: releases
+// from stateServedSince on and their pre-releases (v0.1.0-dev is built on the way to v0.1.0),
+// builds that no release stamped (version.Unstamped: the source as it is) and versions that are
+// no release number at all, which only builds of this source outside the releases carry.
+// Release numbers before stateServedSince, the versions that pinned older images report, do not.
+func servesState(engineVersion string) bool {
+	if engineVersion == version.Unstamped {
+		return true
+	}
+	v, err := utilversion.ParseSemantic(engineVersion)
+	if err != nil {
+		return true
+	}
+	release := utilversion.MajorMinor(v.Major(), v.Minor()).WithPatch(v.Patch())
+	return release.AtLeast(utilversion.MustParseSemantic(stateServedSince))
 }
 
 // hardenedPod is the pod of the consumers and of every Job, around its one container c: c runs
