@@ -106,8 +106,16 @@ bench: ## Run the benchmarks (engine, consumer, operator) once.
 ##@ Build
 
 .PHONY: build
-build: ## Build bin/seqinbox.
+build: ## Build bin/seqinbox and the kubectl plugin bin/kubectl-seqinbox.
 	go build -trimpath -ldflags "$(LDFLAGS)" -o bin/seqinbox ./cmd/seqinbox
+	go build -trimpath -ldflags "$(LDFLAGS)" -o bin/kubectl-seqinbox ./cmd/kubectl-seqinbox
+
+# KREW_URL is where the release publishes the plugin's archives; `make krew` writes it into the manifest.
+KREW_URL ?= https://github.com/seqinbox/seqinbox/releases/download/$(VERSION)
+
+.PHONY: krew
+krew: ## Build the kubectl plugin's release archives and fill in the krew manifest, under dist/krew.
+	VERSION=$(VERSION) COMMIT=$(COMMIT) KREW_URL=$(KREW_URL) hack/krew.sh
 
 .PHONY: run
 run: manifests generate ## Run the operator against the cluster of the current kubeconfig.

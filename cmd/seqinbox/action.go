@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/cli"
 	"github.com/seqinbox/seqinbox/internal/controller"
 	"github.com/seqinbox/seqinbox/internal/dbconn"
 	"github.com/seqinbox/seqinbox/internal/fence"
@@ -93,7 +94,7 @@ In Kubernetes, create a SequentialInboxAction instead: the operator runs this co
   # Close the instance of order 42 without delivering what it buffers
   seqinbox action --database-url postgres://app@localhost/orders \
     --action Close --sequence order --context-id 42`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req.action = v1alpha1.ActionType(action)
 			if err := checkOutput(output); err != nil {
@@ -105,10 +106,10 @@ In Kubernetes, create a SequentialInboxAction instead: the operator runs this co
 			fromEnv(cmd, "inbox", envInbox, &req.inbox)
 			fromEnv(cmd, "schema", envDatabaseSchema, &req.schema)
 			if req.inbox != "" && !validInboxName(req.inbox) {
-				return usageErrorf("--inbox %q: must be namespace/name of a SequentialInbox", req.inbox)
+				return cli.UsageErrorf("--inbox %q: must be namespace/name of a SequentialInbox", req.inbox)
 			}
 			if err := req.validate(); err != nil {
-				return usageError{err}
+				return cli.UsageError(err)
 			}
 			return recordAndReport(cmd.Context(), databaseURL, req, output, terminationPath, cmd.OutOrStdout())
 		},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/seqinbox/seqinbox/internal/cli"
 	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
@@ -24,9 +25,9 @@ func seqinbox(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	var out, errOut bytes.Buffer
 	err := run(context.Background(), args, &out, &errOut)
 	if err != nil {
-		printError(&errOut, err)
+		cli.PrintError(&errOut, err)
 	}
-	return out.String(), errOut.String(), exitCode(err)
+	return out.String(), errOut.String(), cli.ExitCode(err)
 }
 
 // commandPaths lists every command of the tree as its arguments (["deadletters", "retry"]).
@@ -59,7 +60,7 @@ func TestHelpOfEveryCommandExitsZeroWithDescriptionAndExample(t *testing.T) {
 			firstLine, _, _ := strings.Cut(cmd.Long, "\n")
 			for _, args := range [][]string{append(path, "--help"), append(path, "-h"), append([]string{"help"}, path...)} {
 				stdout, stderr, code := seqinbox(t, args...)
-				if code != exitOK || stderr != "" {
+				if code != cli.ExitOK || stderr != "" {
 					t.Fatalf("seqinbox %v: exit %d, stderr %q; want 0 and nothing on stderr", args, code, stderr)
 				}
 				for _, want := range []string{firstLine, "Examples:", "Usage:\n  " + name} {
@@ -81,7 +82,7 @@ func TestSubcommandHelpListsItsFlags(t *testing.T) {
 	} {
 		stdout, _, code := seqinbox(t, strings.Fields(args)...)
 		for _, flag := range flags {
-			if code != exitOK || !strings.Contains(stdout, flag) {
+			if code != cli.ExitOK || !strings.Contains(stdout, flag) {
 				t.Errorf("seqinbox %s (exit %d) does not list %s:\n%s", args, code, flag, stdout)
 			}
 		}
@@ -91,11 +92,11 @@ func TestSubcommandHelpListsItsFlags(t *testing.T) {
 func TestVersionFlagAndCommandPrintTheBuild(t *testing.T) {
 	flagOut, _, flagCode := seqinbox(t, "--version")
 	cmdOut, _, cmdCode := seqinbox(t, "version")
-	if flagCode != exitOK || cmdCode != exitOK || flagOut != cmdOut || !strings.Contains(cmdOut, "schema version") {
+	if flagCode != cli.ExitOK || cmdCode != cli.ExitOK || flagOut != cmdOut || !strings.Contains(cmdOut, "schema version") {
 		t.Fatalf("--version: exit %d %q; version: exit %d %q; want both 0 and the same line", flagCode, flagOut, cmdCode, cmdOut)
 	}
 	jsonOut, _, code := seqinbox(t, "version", "-o", "json")
-	if code != exitOK || !strings.Contains(jsonOut, `"claimProtocol"`) {
+	if code != cli.ExitOK || !strings.Contains(jsonOut, `"claimProtocol"`) {
 		t.Fatalf("version -o json: exit %d %q", code, jsonOut)
 	}
 }
@@ -105,8 +106,8 @@ func TestConsumeRefusesAMemoryLimitThatIsNoQuantity(t *testing.T) {
 		t.Run(v, func(t *testing.T) {
 			t.Setenv(envMemoryLimit, v)
 			_, stderr, code := seqinbox(t, "consume", "-f", "inbox.yaml")
-			if want := fmt.Sprintf("seqinbox consume: %s=%q: want the container's memory limit", envMemoryLimit, v); code != exitUsage || !strings.HasPrefix(stderr, want) {
-				t.Errorf("exit %d, stderr:\n%s\nwant exit %d and a line starting %q", code, stderr, exitUsage, want)
+			if want := fmt.Sprintf("seqinbox consume: %s=%q: want the container's memory limit", envMemoryLimit, v); code != cli.ExitUsage || !strings.HasPrefix(stderr, want) {
+				t.Errorf("exit %d, stderr:\n%s\nwant exit %d and a line starting %q", code, stderr, cli.ExitUsage, want)
 			}
 		})
 	}
@@ -144,8 +145,8 @@ func TestUsageErrorsExitTwoWithOneLineNamingTheProblem(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			stdout, stderr, code := seqinbox(t, tt.args...)
-			if code != exitUsage {
-				t.Fatalf("exit %d, want %d (usage); stderr:\n%s", code, exitUsage, stderr)
+			if code != cli.ExitUsage {
+				t.Fatalf("exit %d, want %d (usage); stderr:\n%s", code, cli.ExitUsage, stderr)
 			}
 			lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
 			if len(lines) != 2 || !strings.HasPrefix(lines[0], tt.want) || !strings.HasPrefix(lines[1], "Run 'seqinbox") {
@@ -160,7 +161,7 @@ func TestUsageErrorsExitTwoWithOneLineNamingTheProblem(t *testing.T) {
 
 func TestFailuresOfARunningCommandExitOne(t *testing.T) {
 	_, stderr, code := seqinbox(t, "consume", "-f", filepath.Join(t.TempDir(), "missing.yaml"))
-	if code != exitFailed || !strings.Contains(stderr, "missing.yaml") || strings.Contains(stderr, "--help") {
+	if code != cli.ExitFailed || !strings.Contains(stderr, "missing.yaml") || strings.Contains(stderr, "--help") {
 		t.Fatalf("consume of a missing manifest: exit %d, stderr %q; want 1, naming the file, without a usage hint", code, stderr)
 	}
 }
@@ -232,7 +233,7 @@ func TestInvalidManifestErrorsComeOneFieldPerLine(t *testing.T) {
 
 	_, stderr, code := seqinbox(t, "consume", "-f", path, "--database-url", "postgres://127.0.0.1/none")
 	lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
-	if code != exitFailed || len(lines) != 3 || !strings.HasPrefix(lines[0], "seqinbox consume: "+path+": ") {
+	if code != cli.ExitFailed || len(lines) != 3 || !strings.HasPrefix(lines[0], "seqinbox consume: "+path+": ") {
 		t.Fatalf("exit %d, stderr:\n%s\nwant 1, a line naming the file, then one line per invalid field", code, stderr)
 	}
 	for i, field := range []string{"spec.sequences[0].messages[3].releaseCondition.and[0].predecessor: ", "spec.sequences[0].messages[4].releaseCondition.predecessor: "} {
@@ -290,7 +291,7 @@ func TestConsumeRefusesWhatTheAPIServerRefusesWithEveryFieldPath(t *testing.T) {
 			if len(tt.want) == 1 {
 				wantLines, prefix = 1, "seqinbox consume: manifest "+path+": document 1 (SequentialInbox order-inbox): "
 			}
-			if code != exitFailed || len(lines) != wantLines || strings.Contains(stderr, "json") {
+			if code != cli.ExitFailed || len(lines) != wantLines || strings.Contains(stderr, "json") {
 				t.Fatalf("exit %d, stderr:\n%s\nwant 1, a line naming the file, then one line per error: %q", code, stderr, tt.want)
 			}
 			for _, want := range tt.want {
@@ -307,7 +308,7 @@ func TestConsumeRefusesWhatTheAPIServerRefusesWithEveryFieldPath(t *testing.T) {
 // do not exist says so, without a raw SQLSTATE.
 func TestDatabaseErrorsSayWhatToDoOnce(t *testing.T) {
 	_, stderr, code := seqinbox(t, "migrate", "--database-url", "postgres://app@127.0.0.1:1/orders")
-	if code != exitFailed || strings.Count(stderr, "connection refused") != 1 {
+	if code != cli.ExitFailed || strings.Count(stderr, "connection refused") != 1 {
 		t.Errorf("migrate on a refused port: exit %d, stderr:\n%s\nwant 1 and the refused connection once", code, stderr)
 	}
 
@@ -317,7 +318,7 @@ func TestDatabaseErrorsSayWhatToDoOnce(t *testing.T) {
 		sep = "&"
 	}
 	_, stderr, code = seqinbox(t, "migrate", "--database-url", url+sep+"search_path=inbox")
-	if code != exitFailed || !strings.Contains(stderr, "no schema of search_path (inbox) exists") || !strings.Contains(stderr, "CREATE SCHEMA") || strings.Contains(stderr, "SQLSTATE") {
+	if code != cli.ExitFailed || !strings.Contains(stderr, "no schema of search_path (inbox) exists") || !strings.Contains(stderr, "CREATE SCHEMA") || strings.Contains(stderr, "SQLSTATE") {
 		t.Errorf("migrate with a search_path of no schema: exit %d, stderr:\n%s\nwant 1, naming search_path and what to do, no SQLSTATE", code, stderr)
 	}
 }
@@ -326,7 +327,7 @@ func TestActionOnAnUnmigratedDatabaseSaysToRunMigrate(t *testing.T) {
 	url := testenv.FreshDatabase(t, "cmd_action_unmigrated")
 
 	_, stderr, code := seqinbox(t, "action", "--database-url", url, "--action", "Close", "--sequence", "order", "--context-id", "o-1")
-	if code != exitFailed || !strings.Contains(stderr, "run `seqinbox migrate`") || strings.Contains(stderr, "SQLSTATE") {
+	if code != cli.ExitFailed || !strings.Contains(stderr, "run `seqinbox migrate`") || strings.Contains(stderr, "SQLSTATE") {
 		t.Fatalf("exit %d, stderr %q; want 1 and the hint to run seqinbox migrate, no SQL error", code, stderr)
 	}
 }
@@ -340,12 +341,12 @@ func TestTheBinaryExitsWithTheDocumentedCodes(t *testing.T) {
 		stdoutHas  string
 		stderrLine bool
 	}{
-		{[]string{"--help"}, exitOK, "", "Usage:", false},
-		{[]string{"help", "consume"}, exitOK, "", "seqinbox consume -f inbox.yaml", false},
-		{[]string{"completion", "bash"}, exitOK, "", "bash completion", false},
-		{[]string{"version", "extra"}, exitUsage, "takes no arguments", "", false},
+		{[]string{"--help"}, cli.ExitOK, "", "Usage:", false},
+		{[]string{"help", "consume"}, cli.ExitOK, "", "seqinbox consume -f inbox.yaml", false},
+		{[]string{"completion", "bash"}, cli.ExitOK, "", "bash completion", false},
+		{[]string{"version", "extra"}, cli.ExitUsage, "takes no arguments", "", false},
 		// Without any cluster configuration the operator says what to do, in one line, no stack trace.
-		{[]string{"operator"}, exitFailed, "seqinbox operator: no Kubernetes cluster configured: pass --kubeconfig", "", true},
+		{[]string{"operator"}, cli.ExitFailed, "seqinbox operator: no Kubernetes cluster configured: pass --kubeconfig", "", true},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -377,8 +378,8 @@ func TestTheReleaseBinaryLinksNoDevelopmentCommandsAndNoEmbeddedBroker(t *testin
 
 	err := exec.Command(bin, "demo").Run()
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != exitUsage {
-		t.Fatalf("release binary: seqinbox demo ended with %v, want exit %d (unknown command)", err, exitUsage)
+	if !errors.As(err, &exit) || exit.ExitCode() != cli.ExitUsage {
+		t.Fatalf("release binary: seqinbox demo ended with %v, want exit %d (unknown command)", err, cli.ExitUsage)
 	}
 	symbols, err := exec.Command("go", "tool", "nm", bin).Output()
 	if err != nil {

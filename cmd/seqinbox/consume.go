@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/seqinbox/seqinbox/internal/cli"
 	"github.com/seqinbox/seqinbox/internal/consumer"
 	"github.com/seqinbox/seqinbox/internal/manifest"
 	"github.com/seqinbox/seqinbox/internal/sink"
@@ -56,7 +57,7 @@ addresses and the pod name as --instance-id.`,
 
   # Fixed endpoint addresses, as in a pod
   seqinbox consume -f inbox.yaml --metrics-bind-address :8080 --health-probe-bind-address :8081`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := requireManifest(file); err != nil {
 				return err
@@ -123,7 +124,7 @@ func memoryLimit() (int64, error) {
 	}
 	q, err := resource.ParseQuantity(v)
 	if err != nil || q.Sign() < 0 {
-		return 0, usageErrorf("%s=%q: want the container's memory limit in bytes or as a quantity such as 512Mi", envMemoryLimit, v)
+		return 0, cli.UsageErrorf("%s=%q: want the container's memory limit in bytes or as a quantity such as 512Mi", envMemoryLimit, v)
 	}
 	return q.Value(), nil
 }

@@ -10,13 +10,14 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/seqinbox/seqinbox/internal/cli"
 	"github.com/seqinbox/seqinbox/internal/consumer"
 	"github.com/seqinbox/seqinbox/internal/deadletter"
 	"github.com/seqinbox/seqinbox/internal/manifest"
 )
 
 func newDeadLettersCommand() *cobra.Command {
-	cmd := groupCommand(&cobra.Command{
+	cmd := cli.GroupCommand(&cobra.Command{
 		Use:   "deadletters",
 		Short: "Work with the dead-letter topic of an inbox",
 		Long: `Work with the dead-letter topic of an inbox. Every dead letter carries headers that say why it
@@ -45,13 +46,13 @@ dead letters.`,
 
   # Re-publish at most 10 dead letters whose sink call failed
   seqinbox deadletters retry -f inbox.yaml --filter-reason ListenerFailed --limit 10`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := requireManifest(file); err != nil {
 				return err
 			}
 			if limit < 0 {
-				return usageErrorf("--limit %d: use 0 (all) or a positive number", limit)
+				return cli.UsageErrorf("--limit %d: use 0 (all) or a positive number", limit)
 			}
 			if err := checkFilterReason(reason); err != nil {
 				return err
@@ -94,10 +95,10 @@ func checkFilterReason(reason string) error {
 	}
 	for _, r := range reasons {
 		if strings.EqualFold(r, reason) {
-			return usageErrorf("--filter-reason %q: reasons are case-sensitive; use %s", reason, r)
+			return cli.UsageErrorf("--filter-reason %q: reasons are case-sensitive; use %s", reason, r)
 		}
 	}
-	return usageErrorf("--filter-reason %q: no dead letter has this reason; use one of %s", reason, strings.Join(reasons, ", "))
+	return cli.UsageErrorf("--filter-reason %q: no dead letter has this reason; use one of %s", reason, strings.Join(reasons, ", "))
 }
 
 // printRetryReport writes what a retry re-published, by reason.

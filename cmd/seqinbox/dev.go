@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/seqinbox/seqinbox/internal/cli"
 	"github.com/seqinbox/seqinbox/internal/demo"
 )
 
@@ -36,11 +37,11 @@ sends out-of-order, duplicated, filtered, rejected and poisoned order events, pr
 a verdict, and removes everything it started, also on Ctrl-C.`,
 		Example: `  # What make demo runs
   seqinbox demo --database-url postgres://postgres@127.0.0.1:5432/postgres`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fromEnv(cmd, "database-url", envDatabaseURL, &databaseURL)
 			if databaseURL == "" {
-				return usageErrorf("--database-url or %s is required (make demo finds a server with hack/postgres.sh)", envDatabaseURL)
+				return cli.UsageErrorf("--database-url or %s is required (make demo finds a server with hack/postgres.sh)", envDatabaseURL)
 			}
 			binary, err := os.Executable()
 			if err != nil {
@@ -72,7 +73,7 @@ a verdict, and removes everything it started, also on Ctrl-C.`,
 }
 
 func newDevCommand() *cobra.Command {
-	cmd := groupCommand(&cobra.Command{
+	cmd := cli.GroupCommand(&cobra.Command{
 		Use:     "dev",
 		Short:   "Local development helpers",
 		Long:    `Local development helpers; 'dev kafka' runs an embedded Kafka broker for 'seqinbox consume'.`,
@@ -89,7 +90,7 @@ the sample manifest, so 'seqinbox consume -f config/samples/inbox_v1alpha1_seque
 finds it.`,
 		Example: `  seqinbox dev kafka
   seqinbox dev kafka --port 0 --topic payments:6 --topic payments.dlq:1`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if len(topics) == 0 {
 				topics = topicFlags{{Name: "orders", Partitions: 3}, {Name: "orders.dlq", Partitions: 1}}

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/seqinbox/seqinbox/internal/cli"
 	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
@@ -28,8 +29,8 @@ func TestDevelopmentCommandUsageErrorsExitTwo(t *testing.T) {
 		"dev bogus":                `seqinbox dev: unknown command "bogus" for "seqinbox dev"`,
 	} {
 		_, stderr, code := seqinbox(t, strings.Fields(args)...)
-		if code != exitUsage || !strings.HasPrefix(stderr, want) {
-			t.Errorf("seqinbox %s: exit %d, stderr %q; want %d and %q", args, code, stderr, exitUsage, want)
+		if code != cli.ExitUsage || !strings.HasPrefix(stderr, want) {
+			t.Errorf("seqinbox %s: exit %d, stderr %q; want %d and %q", args, code, stderr, cli.ExitUsage, want)
 		}
 	}
 }

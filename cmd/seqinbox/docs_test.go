@@ -11,14 +11,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/yaml"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
+	"github.com/seqinbox/seqinbox/internal/cli"
 	"github.com/seqinbox/seqinbox/internal/declaration"
 	"github.com/seqinbox/seqinbox/internal/decode"
 	"github.com/seqinbox/seqinbox/internal/manifest"
+	"github.com/seqinbox/seqinbox/internal/plugin"
 	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
@@ -81,7 +85,8 @@ func docCommands(t *testing.T) []docCommand {
 
 // TestEveryCommandOfTheDocsIsAccepted checks each command line the README and docs/ show: a
 // `seqinbox` (or `bin/seqinbox`, and with -tags dev `bin/seqinbox-dev`) line must be accepted by
-// this build's command tree exactly as written (command, flags, flag values, arguments), a `make` line must name a target of the Makefile, a `kubectl`
+// this build's command tree exactly as written (command, flags, flag values, arguments), and a
+// `kubectl seqinbox` line by the plugin's; a `make` line must name a target of the Makefile, a `kubectl`
 // line may only name the resources, conditions and annotation of this API, a `go test` line must
 // name packages and benchmarks that exist, and `export NAME=$(script)` a script of the repository.
 func TestEveryCommandOfTheDocsIsAccepted(t *testing.T) {
@@ -114,11 +119,21 @@ func TestEveryCommandOfTheDocsIsAccepted(t *testing.T) {
 			}
 		case "make":
 			for _, target := range c.words[1:] {
+				if strings.Contains(target, "=") {
+					continue // a variable of the Makefile (VERSION=v0.2.0)
+				}
 				if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(target) + `:`).Match(makefile) {
 					t.Errorf("%s: make %s: the Makefile has no such target", c.where, target)
 				}
 			}
 		case "kubectl":
+			if len(c.words) > 1 && c.words[1] == "seqinbox" {
+				// The plugin: its command tree must accept the line as written.
+				if err := acceptedBy(plugin.NewRootCommand(genericiooptions.NewTestIOStreamsDiscard()), c.words[2:]); err != nil {
+					t.Errorf("%s: %s: %v", c.where, strings.Join(c.words, " "), err)
+				}
+				continue
+			}
 			checkKubectl(t, c, resources)
 		case "export":
 			checkExport(t, c, root)
@@ -250,7 +265,11 @@ func checkGoTest(t *testing.T, c docCommand, root string) {
 
 // acceptedBySeqinbox parses args with the command tree as cobra does before running a command.
 func acceptedBySeqinbox(args []string) error {
-	root := newRootCommand()
+	return acceptedBy(newRootCommand(), args)
+}
+
+// acceptedBy parses args with the command tree of root as cobra does before running a command.
+func acceptedBy(root *cobra.Command, args []string) error {
 	root.InitDefaultCompletionCmd()
 	cmd, rest, err := root.Find(args)
 	if err != nil {
@@ -268,7 +287,7 @@ func acceptedBySeqinbox(args []string) error {
 	return cmd.ValidateRequiredFlags()
 }
 
-var errUnrunnable = usageErrorf("names a command that only groups others")
+var errUnrunnable = cli.UsageErrorf("names a command that only groups others")
 
 // crdNames returns every name a kubectl command may use for our resources (plural, singular, short).
 func crdNames(t *testing.T, root string) []string {

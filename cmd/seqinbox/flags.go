@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/seqinbox/seqinbox/internal/cli"
 	"github.com/seqinbox/seqinbox/internal/consumer"
 )
 
@@ -55,7 +56,7 @@ func addManifestFlag(cmd *cobra.Command, p *string, value, usage string) {
 // requireManifest fails when -f names no manifest.
 func requireManifest(file string) error {
 	if file == "" {
-		return usageErrorf("-f inbox.yaml is required: the SequentialInbox manifest, the file you apply with kubectl")
+		return cli.UsageErrorf("-f inbox.yaml is required: the SequentialInbox manifest, the file you apply with kubectl")
 	}
 	return nil
 }
@@ -81,7 +82,7 @@ func addOutputFlag(cmd *cobra.Command, p *string) {
 // checkOutput returns a usage error for an --output value other than text or json.
 func checkOutput(output string) error {
 	if output != outputText && output != outputJSON {
-		return usageErrorf("--output %q: use text or json", output)
+		return cli.UsageErrorf("--output %q: use text or json", output)
 	}
 	return nil
 }
@@ -106,7 +107,7 @@ func fromEnv(cmd *cobra.Command, flag, env string, p *string) {
 func requireDatabaseURL(cmd *cobra.Command, p *string) error {
 	fromEnv(cmd, "database-url", envDatabaseURL, p)
 	if *p == "" {
-		return usageErrorf("--database-url or %s is required", envDatabaseURL)
+		return cli.UsageErrorf("--database-url or %s is required", envDatabaseURL)
 	}
 	return checkDatabaseURL(*p)
 }
@@ -119,7 +120,7 @@ func checkDatabaseURL(url string) error {
 	if !isURL || scheme == "postgres" || scheme == "postgresql" {
 		return nil
 	}
-	return usageErrorf("--database-url %s://…: seqinbox keeps the inbox in PostgreSQL; pass postgres://USER:PASSWORD@HOST:5432/DATABASE", scheme)
+	return cli.UsageErrorf("--database-url %s://…: seqinbox keeps the inbox in PostgreSQL; pass postgres://USER:PASSWORD@HOST:5432/DATABASE", scheme)
 }
 
 // kafkaFromEnv is what spec.kafka's Secrets hold, from the environment, with the brokers of

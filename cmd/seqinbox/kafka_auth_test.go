@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/seqinbox/seqinbox/internal/cli"
 	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
@@ -53,7 +54,7 @@ func TestTheClusterSampleReachesKafkaWithTheUserNameOfTheSpec(t *testing.T) {
 	t.Setenv(envKafkaCAFile, caFile)
 
 	stdout, stderr, code := seqinbox(t, "deadletters", "retry", "-f", clusterSample(t), "--bootstrap-servers", seeds)
-	if code != exitOK || !strings.HasPrefix(stdout, "re-published 0 dead letter(s) from orders.dlq") {
+	if code != cli.ExitOK || !strings.HasPrefix(stdout, "re-published 0 dead letter(s) from orders.dlq") {
 		t.Fatalf("exit %d, stdout %q, stderr %q; want 0 and an empty retry as user order-inbox", code, stdout, stderr)
 	}
 }
@@ -82,7 +83,7 @@ func TestKafkaSecretsOutsideKubernetesNameTheVariableToSet(t *testing.T) {
 			t.Setenv(envKafkaPassword, tt.password)
 			t.Setenv(envKafkaCAFile, tt.caFile)
 			stdout, stderr, code := seqinbox(t, "deadletters", "retry", "-f", clusterSample(t), "--bootstrap-servers", "127.0.0.1:1")
-			if code != exitFailed || !strings.Contains(stderr, tt.want) || strings.Count(stderr, "\n") != 1 || stdout != "" {
+			if code != cli.ExitFailed || !strings.Contains(stderr, tt.want) || strings.Count(stderr, "\n") != 1 || stdout != "" {
 				t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1 and one line with %q", code, stdout, stderr, tt.want)
 			}
 		})
@@ -98,7 +99,7 @@ func TestRetryWithAnUnreachableBrokerFailsWithoutAReport(t *testing.T) {
 	}
 	sample := filepath.Join(root, "config", "samples", "inbox_v1alpha1_sequentialinbox.yaml")
 	stdout, stderr, code := seqinbox(t, "deadletters", "retry", "-f", sample, "--bootstrap-servers", "127.0.0.1:1")
-	if code != exitFailed || stdout != "" || !strings.Contains(stderr, "connection refused") {
+	if code != cli.ExitFailed || stdout != "" || !strings.Contains(stderr, "connection refused") {
 		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1, nothing on stdout and the refused connection on stderr", code, stdout, stderr)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/seqinbox/seqinbox/internal/cli"
 	"github.com/seqinbox/seqinbox/internal/dbconn"
 	"github.com/seqinbox/seqinbox/internal/fence"
 	"github.com/seqinbox/seqinbox/internal/inbox"
@@ -66,7 +67,7 @@ termination message (--termination-message-path).`,
 
   # Show the schema version and the pending migrations, applying nothing
   SEQINBOX_DATABASE_URL=postgres://app@localhost/orders seqinbox migrate --dry-run -o json`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output); err != nil {
 				return err
@@ -77,18 +78,18 @@ termination message (--termination-message-path).`,
 			fromEnv(cmd, "inbox", envInbox, &opts.inbox)
 			fromEnv(cmd, "schema", envDatabaseSchema, &opts.schema)
 			if opts.liveWithin <= 0 {
-				return usageErrorf("--live-within %s: must be positive", opts.liveWithin)
+				return cli.UsageErrorf("--live-within %s: must be positive", opts.liveWithin)
 			}
 			for _, f := range [][2]string{{"--inbox", opts.inbox}, {"--take-over-from", opts.takeOverFrom}} {
 				if f[1] != "" && !validInboxName(f[1]) {
-					return usageErrorf("%s %q: must be namespace/name of a SequentialInbox", f[0], f[1])
+					return cli.UsageErrorf("%s %q: must be namespace/name of a SequentialInbox", f[0], f[1])
 				}
 			}
 			if opts.takeOverFrom != "" && opts.inbox == "" {
-				return usageErrorf("--take-over-from needs --inbox: the inbox that takes the tables over")
+				return cli.UsageErrorf("--take-over-from needs --inbox: the inbox that takes the tables over")
 			}
 			if opts.dryRun && opts.takeOverFrom != "" {
-				return usageErrorf("--take-over-from changes the owner; it cannot be a --dry-run")
+				return cli.UsageErrorf("--take-over-from changes the owner; it cannot be a --dry-run")
 			}
 			return migrateAndReport(cmd.Context(), opts, output, terminationPath, cmd.OutOrStdout())
 		},

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/seqinbox/seqinbox/internal/cli"
 	"github.com/seqinbox/seqinbox/internal/inbox"
 	"github.com/seqinbox/seqinbox/internal/version"
 	"github.com/seqinbox/seqinbox/migrations"
@@ -40,7 +41,7 @@ claim protocol its engine speaks. Consumers of different claim protocols never p
 side; the operator compares them before a rollout.`,
 		Example: `  seqinbox version
   seqinbox version -o json`,
-		Args: noArgs,
+		Args: cli.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output); err != nil {
 				return err

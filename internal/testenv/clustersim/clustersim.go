@@ -127,6 +127,18 @@ const retrySoon = 100 * time.Millisecond
 // report(job), every Deployment is rolled out. They read through mgr's cache (no extra informers)
 // and write with writer, which may hold more rights than the manager's own client.
 func Start(mgr ctrl.Manager, writer client.Client, report func(*batchv1.Job) migrations.Report) error {
+	return StartWithMessages(mgr, writer, func(job *batchv1.Job) string {
+		b, err := json.Marshal(report(job))
+		if err != nil {
+			return fmt.Sprintf("encode report: %v", err)
+		}
+		return string(b)
+	})
+}
+
+// StartWithMessages is Start for Jobs that report something else than a migration (`seqinbox
+// action`): every unfinished Job completes with message(job) as its termination message.
+func StartWithMessages(mgr ctrl.Manager, writer client.Client, message func(*batchv1.Job) string) error {
 	reader := mgr.GetClient()
 	jobs := reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 		var job batchv1.Job
@@ -136,7 +148,7 @@ func Start(mgr ctrl.Manager, writer client.Client, report func(*batchv1.Job) mig
 		if len(job.Status.Conditions) > 0 {
 			return reconcile.Result{}, nil
 		}
-		return retryRaces(CompleteJob(ctx, writer, &job, report(&job)))
+		return retryRaces(CompleteJobWithMessage(ctx, writer, &job, message(&job)))
 	})
 	deployments := reconcile.Func(func(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 		var d appsv1.Deployment

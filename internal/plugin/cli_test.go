@@ -1,0 +1,164 @@
+package plugin
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/seqinbox/seqinbox/internal/cli"
+	"github.com/seqinbox/seqinbox/internal/testenv"
+)
+
+// commandPaths lists every command of the tree as its arguments (["consume-all"]).
+func commandPaths(cmd *cobra.Command, parent []string) [][]string {
+	var paths [][]string
+	for _, sub := range cmd.Commands() {
+		path := append(append([]string{}, parent...), sub.Name())
+		paths = append(paths, path)
+		paths = append(paths, commandPaths(sub, path)...)
+	}
+	return paths
+}
+
+// pluginWithoutCluster runs a command line with no kubeconfig anywhere.
+func pluginWithoutCluster(t *testing.T, args ...string) result {
+	t.Helper()
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv("HOME", t.TempDir())
+	var out, errOut bytes.Buffer
+	err := cli.Run(context.Background(), NewRootCommand(genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut}), args, &out, &errOut)
+	if err != nil {
+		cli.PrintError(&errOut, err)
+	}
+	return result{out.String(), errOut.String(), cli.ExitCode(err)}
+}
+
+func TestHelpOfEveryCommandExitsZeroWithDescriptionAndExample(t *testing.T) {
+	root := NewRootCommand(genericiooptions.NewTestIOStreamsDiscard())
+	paths := append([][]string{nil}, commandPaths(root, nil)...)
+	for _, want := range []string{"status", "consume", "expire", "consume-all", "close", "approve", "report"} {
+		if !slices.ContainsFunc(paths, func(p []string) bool { return len(p) == 1 && p[0] == want }) {
+			t.Fatalf("no command %s in %v", want, paths)
+		}
+	}
+	for _, path := range paths {
+		cmd, _, err := root.Find(path)
+		must(t, err)
+		name := strings.Join(append([]string{DisplayName}, path...), " ")
+		if len(path) > 0 && (path[0] == "completion" || path[0] == "help") {
+			continue // cobra's own
+		}
+		t.Run(name, func(t *testing.T) {
+			if cmd.Short == "" || cmd.Long == "" || cmd.Example == "" {
+				t.Fatalf("%s lacks a summary, a description or an example", name)
+			}
+			for _, args := range [][]string{append(path, "--help"), append(path, "-h"), append([]string{"help"}, path...)} {
+				r := pluginWithoutCluster(t, args...)
+				if r.code != 0 || r.stderr != "" || !strings.Contains(r.stdout, "Examples:\n"+cmd.Example) ||
+					!strings.Contains(r.stdout, "Usage:\n  "+name) || !strings.Contains(r.stdout, "--kubeconfig string") {
+					t.Fatalf("%q: exit %d, stderr %q, stdout:\n%s", args, r.code, r.stderr, r.stdout)
+				}
+			}
+		})
+	}
+}
+
+func TestKubectlsFlagsAndExitCodesAreSeqinboxs(t *testing.T) {
+	tests := []struct {
+		args    []string
+		code    int
+		has     string
+		channel string
+	}{
+		{[]string{"--version"}, cli.ExitOK, "kubectl seqinbox ", "stdout"},
+		{[]string{"completion", "bash"}, cli.ExitOK, "bash completion", "stdout"},
+		{[]string{"completion", "zsh"}, cli.ExitOK, "#compdef kubectl-seqinbox", "stdout"},
+		{[]string{"status"}, cli.ExitUsage, "kubectl seqinbox status: takes the name of one SequentialInbox, got 0 arguments\nRun 'kubectl seqinbox status --help' for usage.\n", "stderr"},
+		{[]string{"status", "a", "--no-such-flag"}, cli.ExitUsage, "unknown flag: --no-such-flag", "stderr"},
+		{[]string{"unknown-command"}, cli.ExitUsage, `unknown command "unknown-command" for "kubectl seqinbox"`, "stderr"},
+		{[]string{"report", "a", "--since", "soon"}, cli.ExitUsage, `invalid argument "soon" for "--since"`, "stderr"},
+		// Without any cluster configuration it says what to do, in one line.
+		{[]string{"status", "order-inbox"}, cli.ExitFailed, "kubectl seqinbox status: no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG or create ~/.kube/config, as for kubectl\n", "stderr"},
+	}
+	for _, tt := range tests {
+		r := pluginWithoutCluster(t, tt.args...)
+		got := map[string]string{"stdout": r.stdout, "stderr": r.stderr}[tt.channel]
+		if r.code != tt.code || !strings.Contains(got, tt.has) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit %d and %s with %q", tt.args, r.code, r.stdout, r.stderr, tt.code, tt.channel, tt.has)
+		}
+	}
+	// -n, --context and --kubeconfig are kubectl's: a context of the kubeconfig that does not
+	// exist is refused as kubectl refuses it.
+	r := plugin(t, testNow, "", "status", "order-inbox", "--context", "elsewhere")
+	if r.code != 1 || !strings.Contains(r.stderr, `context was not found for specified context: elsewhere`) {
+		t.Errorf("--context elsewhere: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestCompletionOffersTheInboxesOfTheNamespace(t *testing.T) {
+	ns := namespace(t, "completion")
+	createInbox(t, ns, "order-inbox", nil, nil)
+	createInbox(t, ns, "refund-inbox", nil, nil)
+	for _, cmd := range []string{"status", "consume", "approve", "report"} {
+		r := plugin(t, testNow, "", cobra.ShellCompRequestCmd, cmd, "-n", ns, "")
+		if r.code != 0 || !strings.HasPrefix(r.stdout, "order-inbox\nrefund-inbox\n:4\n") {
+			t.Errorf("completion of %s: exit %d, stdout %q, stderr %q", cmd, r.code, r.stdout, r.stderr)
+		}
+	}
+	r := plugin(t, testNow, "", cobra.ShellCompRequestCmd, "status", "-n", "")
+	if r.code != 0 || !strings.Contains(r.stdout, "completion\n") || !strings.Contains(r.stdout, "kube-system\n") {
+		t.Errorf("completion of -n: exit %d, stdout %q", r.code, r.stdout)
+	}
+}
+
+// TestTheBuiltBinaryExitsAsTheCommandTreeSays builds ./cmd/kubectl-seqinbox as `make build` does
+// and runs it as kubectl runs a plugin: help, a usage error and an error have their exit codes.
+func TestTheBuiltBinaryExitsAsTheCommandTreeSays(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	must(t, err)
+	bin := filepath.Join(t.TempDir(), "kubectl-seqinbox")
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./cmd/kubectl-seqinbox")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	for _, tt := range []struct {
+		args []string
+		code int
+		out  string
+	}{
+		{[]string{"--help"}, cli.ExitOK, "kubectl seqinbox status NAME"},
+		{[]string{"status"}, cli.ExitUsage, "Run 'kubectl seqinbox status --help' for usage."},
+		{[]string{"status", "order-inbox", "--kubeconfig", kubeconfig, "-n", "default"}, cli.ExitFailed, `no SequentialInbox "order-inbox" in namespace "default"`},
+	} {
+		cmd := exec.Command(bin, tt.args...)
+		cmd.Env = []string{"HOME=" + t.TempDir(), "PATH=" + os.Getenv("PATH")}
+		out, err := cmd.CombinedOutput()
+		code := 0
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			code = exit.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != tt.code || !strings.Contains(string(out), tt.out) {
+			t.Errorf("%q: exit %d, output %q; want %d and %q", tt.args, code, out, tt.code, tt.out)
+		}
+	}
+	// Linked as kubectl_complete-seqinbox, as kubectl runs a plugin's completion, it completes.
+	link := filepath.Join(filepath.Dir(bin), CompletionBinary)
+	must(t, os.Symlink(bin, link))
+	out, err := exec.Command(link, "").Output()
+	if err != nil || !strings.Contains(string(out), "status\tShow an inbox on one screen") {
+		t.Errorf("%s \"\": %v, output %q; want the commands", CompletionBinary, err, out)
+	}
+}
