@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -278,7 +279,9 @@ func acceptedBy(root *cobra.Command, args []string) error {
 	if !cmd.Runnable() || cmd.HasSubCommands() && cmd.Args == nil {
 		return errUnrunnable
 	}
-	if err := cmd.ParseFlags(rest); err != nil {
+	if err := cmd.ParseFlags(rest); errors.Is(err, pflag.ErrHelp) {
+		return nil // --help is accepted by every command
+	} else if err != nil {
 		return err
 	}
 	if err := cmd.ValidateArgs(cmd.Flags().Args()); err != nil {

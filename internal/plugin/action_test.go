@@ -164,6 +164,10 @@ func TestNoWaitReturnsOnceCreatedAndWaitingEndsAtTheTimeout(t *testing.T) {
 	runOperator(t)
 	ns := namespace(t, "actions-nowait")
 	createInbox(t, ns, "order-inbox", nil, nil)
+	// No consumer ever runs these actions: the operator would look again for as long as they exist.
+	t.Cleanup(func() {
+		must(t, k8s.DeleteAllOf(context.Background(), &v1alpha1.SequentialInboxAction{}, client.InNamespace(ns)))
+	})
 
 	r := plugin(t, time.Now(), "", "consume", "order-inbox", "OrderPaid/"+targetNeverRunning, "-n", ns, "--no-wait")
 	if r.code != 0 || strings.Count(r.stdout, "\n") != 1 || !strings.Contains(r.stdout, " created: Consume on message OrderPaid/never-running") {

@@ -72,12 +72,11 @@ the inbox's database runs in the cluster with the inbox's own credentials.`,
   # Approve a Supervised rollout
   kubectl seqinbox approve order-inbox`,
 		Version:       version.Version,
-		Args:          cli.NoArgs,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: DisplayName},
-		RunE:          func(c *cobra.Command, _ []string) error { return c.Help() },
 	}
+	cli.GroupCommand(root)
 	root.SetVersionTemplate("{{.DisplayName}} " + version.Version + " (commit " + version.Commit + ")\n")
 	root.SetIn(streams.In)
 	e.flags.AddFlags(root.PersistentFlags())

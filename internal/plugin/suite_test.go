@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,8 +92,9 @@ func plugin(t *testing.T, now time.Time, in string, args ...string) result {
 	var out, errOut bytes.Buffer
 	streams := genericiooptions.IOStreams{In: strings.NewReader(in), Out: &out, ErrOut: &errOut}
 	root := newRootCommand(streams, func() time.Time { return now })
-	root.SetIn(streams.In)
-	err := cli.Run(context.Background(), root, append(args, "--kubeconfig", kubeconfig), &out, &errOut)
+	// A completion request completes its last argument: the kubeconfig goes before it.
+	args = slices.Insert(slices.Clone(args), min(len(args), 2), "--kubeconfig", kubeconfig)
+	err := cli.Run(context.Background(), root, args, &out, &errOut)
 	if err != nil {
 		cli.PrintError(&errOut, err)
 	}
