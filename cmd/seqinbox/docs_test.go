@@ -279,9 +279,11 @@ func acceptedBy(root *cobra.Command, args []string) error {
 	if !cmd.Runnable() || cmd.HasSubCommands() && cmd.Args == nil {
 		return errUnrunnable
 	}
-	if err := cmd.ParseFlags(rest); errors.Is(err, pflag.ErrHelp) {
+	err = cmd.ParseFlags(rest)
+	if errors.Is(err, pflag.ErrHelp) {
 		return nil // --help is accepted by every command
-	} else if err != nil {
+	}
+	if err != nil {
 		return err
 	}
 	if err := cmd.ValidateArgs(cmd.Flags().Args()); err != nil {

@@ -3,10 +3,6 @@ package plugin
 import (
 	"bytes"
 	"context"
-	"errors"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -15,7 +11,6 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/seqinbox/seqinbox/internal/cli"
-	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
 // commandPaths lists every command of the tree as its arguments (["consume-all"]).
@@ -99,7 +94,7 @@ func TestKubectlsFlagsAndExitCodesAreSeqinboxs(t *testing.T) {
 	// -n, --context and --kubeconfig are kubectl's: a context of the kubeconfig that does not
 	// exist is refused as kubectl refuses it.
 	r := plugin(t, testNow, "", "status", "order-inbox", "--context", "elsewhere")
-	if r.code != 1 || !strings.Contains(r.stderr, `context was not found for specified context: elsewhere`) {
+	if r.code != 1 || !strings.Contains(r.stderr, `read the kubeconfig: context "elsewhere" does not exist`) {
 		t.Errorf("--context elsewhere: exit %d, stderr %q", r.code, r.stderr)
 	}
 }
@@ -120,45 +115,15 @@ func TestCompletionOffersTheInboxesOfTheNamespace(t *testing.T) {
 	}
 }
 
-// TestTheBuiltBinaryExitsAsTheCommandTreeSays builds ./cmd/kubectl-seqinbox as `make build` does
-// and runs it as kubectl runs a plugin: help, a usage error and an error have their exit codes.
-func TestTheBuiltBinaryExitsAsTheCommandTreeSays(t *testing.T) {
-	root, err := testenv.RepoRoot()
-	must(t, err)
-	bin := filepath.Join(t.TempDir(), "kubectl-seqinbox")
-	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./cmd/kubectl-seqinbox")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+// TestCalledAsKubectlsCompletionBinaryItCompletes runs the command line that kubectl (1.26 and
+// later) gives kubectl_complete-seqinbox for `kubectl seqinbox st<TAB>`.
+func TestCalledAsKubectlsCompletionBinaryItCompletes(t *testing.T) {
+	args := Args("/usr/local/bin/"+CompletionBinary, []string{"st"})
+	r := pluginWithoutCluster(t, args...)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "status\tShow an inbox on one screen\n") {
+		t.Fatalf("%q: exit %d, stdout %q, stderr %q", args, r.code, r.stdout, r.stderr)
 	}
-	for _, tt := range []struct {
-		args []string
-		code int
-		out  string
-	}{
-		{[]string{"--help"}, cli.ExitOK, "kubectl seqinbox status NAME"},
-		{[]string{"status"}, cli.ExitUsage, "Run 'kubectl seqinbox status --help' for usage."},
-		{[]string{"status", "order-inbox", "--kubeconfig", kubeconfig, "-n", "default"}, cli.ExitFailed, `no SequentialInbox "order-inbox" in namespace "default"`},
-	} {
-		cmd := exec.Command(bin, tt.args...)
-		cmd.Env = []string{"HOME=" + t.TempDir(), "PATH=" + os.Getenv("PATH")}
-		out, err := cmd.CombinedOutput()
-		code := 0
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			code = exit.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if code != tt.code || !strings.Contains(string(out), tt.out) {
-			t.Errorf("%q: exit %d, output %q; want %d and %q", tt.args, code, out, tt.code, tt.out)
-		}
-	}
-	// Linked as kubectl_complete-seqinbox, as kubectl runs a plugin's completion, it completes.
-	link := filepath.Join(filepath.Dir(bin), CompletionBinary)
-	must(t, os.Symlink(bin, link))
-	out, err := exec.Command(link, "").Output()
-	if err != nil || !strings.Contains(string(out), "status\tShow an inbox on one screen") {
-		t.Errorf("%s \"\": %v, output %q; want the commands", CompletionBinary, err, out)
+	if got := Args("/usr/local/bin/kubectl-seqinbox", []string{"st"}); !slices.Equal(got, []string{"st"}) {
+		t.Fatalf("as kubectl-seqinbox: %q", got)
 	}
 }

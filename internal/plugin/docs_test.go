@@ -87,3 +87,19 @@ func TestThePluginPageDocumentsEveryCommandAndFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestThePluginPageShowsTheStatusScreenAsThePluginPrintsIt checks that the screen on the page is
+// the golden file of the degraded state, which the status test compares with the plugin's output.
+func TestThePluginPageShowsTheStatusScreenAsThePluginPrintsIt(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	must(t, err)
+	page, err := os.ReadFile(filepath.Join(root, "docs", "kubectl-plugin.md"))
+	must(t, err)
+	golden, err := os.ReadFile(filepath.Join("testdata", "status", "degraded-blocked.txt"))
+	must(t, err)
+	_, after, ok := strings.Cut(string(page), "`internal/plugin/testdata/status/degraded-blocked.txt`):\n\n```text\n")
+	shown, _, closed := strings.Cut(after, "```\n")
+	if !ok || !closed || shown != string(golden) {
+		t.Fatalf("docs/kubectl-plugin.md does not show testdata/status/degraded-blocked.txt as it is:\n%s", shown)
+	}
+}

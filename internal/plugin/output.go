@@ -128,7 +128,7 @@ func (s screen) table(w io.Writer, indent string, rows [][]cell) {
 			text := c.text
 			if i == len(row)-1 {
 				if s.width > 0 {
-					text = cut(text, max(s.width-used, 12))
+					text = cut(text, max(s.width-used, 1))
 				}
 				b.WriteString(s.paint(c.colour, text))
 				break

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"time"
@@ -20,7 +21,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
@@ -119,11 +120,16 @@ type clients struct {
 // connect builds the clients from kubectl's flags; without any cluster configuration it says how
 // to give one.
 func (e *env) connect() (*clients, error) {
+	raw, err := e.flags.ToRawKubeConfigLoader().RawConfig()
+	if err != nil {
+		return nil, fmt.Errorf("read the kubeconfig: %w", err)
+	}
+	// kubectl would try http://localhost:8080; say instead what is missing.
+	if len(raw.Clusters) == 0 && ptr.Deref(e.flags.APIServer, "") == "" && os.Getenv("KUBERNETES_SERVICE_HOST") == "" {
+		return nil, errors.New("no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG or create ~/.kube/config, as for kubectl")
+	}
 	cfg, err := e.flags.ToRESTConfig()
 	if err != nil {
-		if clientcmd.IsEmptyConfig(err) {
-			return nil, errors.New("no Kubernetes cluster configured: pass --kubeconfig, set KUBECONFIG or create ~/.kube/config, as for kubectl")
-		}
 		return nil, fmt.Errorf("read the kubeconfig: %w", err)
 	}
 	ns, _, err := e.flags.ToRawKubeConfigLoader().Namespace()

@@ -413,7 +413,7 @@ func renderStatus(w io.Writer, s screen, st *Status) {
 	rows := [][]cell{
 		{{"Running", ""}, {dash(st.Rollout.Running.Version), ""}, {"claim protocol " + dash(st.Rollout.Running.ClaimProtocol), ""}},
 		{{"Target", ""}, {dash(st.Rollout.Target.Version), ""}, {"claim protocol " + dash(st.Rollout.Target.ClaimProtocol) + imageNote(st.Rollout.Target.Image), ""}},
-		{{"Schema", ""}, {"version " + strconv.Itoa(int(st.Rollout.SchemaVersion)), ""}, {"", ""}},
+		{{"Schema", ""}, {"version " + strconv.Itoa(int(st.Rollout.SchemaVersion)), ""}},
 	}
 	if r := st.Rollout; r.WaitingFor != "" {
 		waits := r.WaitingFor + ": " + r.WaitingMessage

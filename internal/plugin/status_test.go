@@ -5,9 +5,11 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -231,5 +233,41 @@ func TestStatusLeavesOutEventsOfAnEarlierInboxOfTheSameName(t *testing.T) {
 	r := plugin(t, testNow, "", "status", "order-inbox", "-n", ns)
 	if r.code != 0 || strings.Contains(r.stdout, "from the inbox before") || !strings.Contains(r.stdout, "from this inbox") {
 		t.Fatalf("exit %d, stdout:\n%s", r.code, r.stdout)
+	}
+}
+
+// TestOnATerminalTheScreenIsColouredAndCutToItsWidth renders the degraded state for a terminal
+// of 100 columns: the Degraded condition and the blocked record are red, and no line is wider
+// than the terminal once the colour codes are taken out; the piped screen has the whole lines.
+func TestOnATerminalTheScreenIsColouredAndCutToItsWidth(t *testing.T) {
+	st := runningStatus("order-inbox")
+	st.Conditions = conditions(map[string]metav1.Condition{v1alpha1.ConditionDegraded: {Type: v1alpha1.ConditionDegraded,
+		Status: metav1.ConditionTrue, Reason: v1alpha1.PartitionBlockedReason, LastTransitionTime: ago(2 * time.Minute),
+		Message: "Consumer order-inbox-consumer-0 has retried orders[1] at offset 4711 since 2026-12-01T11:53:00Z: store state: connection refused."}})
+	st.Consumers.Pods[0].Blocked = &v1alpha1.BlockedRecord{Topic: "orders", Partition: 1, Offset: 4711, Since: ago(7 * time.Minute),
+		Error: "store state: dial tcp 10.0.0.5:5432: connect: connection refused"}
+	inbox := &v1alpha1.SequentialInbox{ObjectMeta: metav1.ObjectMeta{Name: "order-inbox", Namespace: "shop", Generation: 1}, Status: *st}
+	status := statusOf(inbox, testNow)
+	status.Consumers = consumersOf(inbox, nil)
+
+	var terminal, piped strings.Builder
+	renderStatus(&terminal, screen{colour: true, width: 100}, status)
+	renderStatus(&piped, screen{}, status)
+	escape := regexp.MustCompile("\x1b\\[[0-9;]*m")
+	for _, line := range strings.Split(strings.TrimRight(terminal.String(), "\n"), "\n") {
+		if n := utf8.RuneCountInString(escape.ReplaceAllString(line, "")); n > 100 {
+			t.Errorf("a line of %d columns on a terminal of 100:\n%s", n, line)
+		}
+	}
+	for _, red := range []string{"\x1b[31mTrue\x1b[0m", "\x1b[31morders[1]@4711 retried for 7m"} {
+		if !strings.Contains(terminal.String(), red) {
+			t.Errorf("the terminal screen lacks %q:\n%s", red, terminal.String())
+		}
+	}
+	if !strings.Contains(piped.String(), "store state: dial tcp 10.0.0.5:5432: connect: connection refused") || strings.Contains(piped.String(), "\x1b[") {
+		t.Errorf("the piped screen is cut or coloured:\n%s", piped.String())
+	}
+	if escape.ReplaceAllString(terminal.String(), "") == piped.String() {
+		t.Errorf("the terminal screen is not cut at all")
 	}
 }

@@ -11,12 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/cli"
@@ -39,6 +41,7 @@ func TestMain(m *testing.M) {
 }
 
 func runWithAPIServer(m *testing.M) int {
+	ctrllog.SetLogger(logr.Discard()) // as main does
 	env, err := testenv.APIServer()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
