@@ -8,11 +8,7 @@ import (
 	"fmt"
 	"net"
 	neturl "net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,20 +21,7 @@ import (
 // script runs hack/pgbouncer.sh with args on port, pool size poolSize, and returns its stdout.
 func script(t *testing.T, port, poolSize int, args ...string) (string, error) {
 	t.Helper()
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("bash", append([]string{filepath.Join(root, "hack", "pgbouncer.sh")}, args...)...)
-	cmd.Env = append(os.Environ(),
-		"SEQINBOX_PGBOUNCER_PORT="+strconv.Itoa(port), "SEQINBOX_PGBOUNCER_POOL_SIZE="+strconv.Itoa(poolSize))
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("hack/pgbouncer.sh %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
-	}
-	return strings.TrimSpace(string(out)), nil
+	return testenv.PgBouncerScript(port, poolSize, args...)
 }
 
 // freePort returns a loopback port that nothing listens on, so the test never touches the
