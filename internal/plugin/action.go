@@ -156,7 +156,9 @@ func describeTarget(spec v1alpha1.SequentialInboxActionSpec) string {
 
 // awaitAction reads the action until its phase is final or timeout passed; action holds the last read.
 func awaitAction(ctx context.Context, c *clients, action *v1alpha1.SequentialInboxAction, timeout time.Duration) error {
-	err := wait.PollUntilContextTimeout(ctx, actionPollInterval, timeout, true, func(ctx context.Context) (bool, error) {
+	// Each read runs under the command's context, not the poll's: a read that the poll's deadline
+	// would cut (client-go's rate limiter refuses early) is the timeout, not a failed read.
+	err := wait.PollUntilContextTimeout(ctx, actionPollInterval, timeout, true, func(context.Context) (bool, error) {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(action), action); err != nil {
 			return false, fmt.Errorf("read sequentialinboxaction/%s: %w", action.Name, err)
 		}
