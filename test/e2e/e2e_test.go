@@ -46,6 +46,7 @@ type suite struct {
 	producer  *kgo.Client
 	admin     *kadm.Client
 	nextOrder int
+	steady    *steadyRun // the inboxes of case 4d, ended by case 8b
 	// cleanup registers a function that runs when the whole suite ends.
 	cleanup func(func())
 }
@@ -61,12 +62,14 @@ func TestEndToEnd(t *testing.T) {
 		{"2_BrokerDatabaseSinkReachableFromPods", testParts},
 		{"3_InboxReady", testInboxReady},
 		{"4_OutOfOrderDuplicatedStreamExactlyOnceInOrder", testStream},
-		{"4b_ConsumerStateInStatusNoJobInSteadyState", testConsumerStateInStatus},
+		{"4b_ConsumerStateInStatusMatchesMetrics", testConsumerStateInStatus},
 		{"4c_RecordBlockedByTheDatabaseInDegradedAndStatus", testBlockedRecordInDegraded},
+		{"4d_FiveInboxesStartASteadyWindow", testSteadyInboxesStart},
 		{"5_ForceDeletedConsumerMidDelivery", testForceDelete},
 		{"6_Scale1To3To1UnderLoad", testScale},
 		{"7_SequentialInboxActionExecuted", testAction},
 		{"8_UpgradeFromLegacyEngineUnderLoad", testUpgradeFromLegacy},
+		{"8b_FiveInboxesCreatedNoJobInTheSteadyWindow", testSteadyInboxesCreatedNoJob},
 		{"9_DeleteInboxAndUninstall", testUninstall},
 	}
 	for _, c := range cases {
@@ -95,7 +98,11 @@ func testInstall(t *testing.T, _ *suite) {
 // testParts starts the broker, the sink and the PostgreSQL forwarder on the node, gives each a
 // Service, creates the inbox's database and its URL Secret.
 func testParts(t *testing.T, s *suite) {
-	s.broker = startBroker(t, s.cleanup, map[string]int32{topic: partitions, deadLetterTopic: 1, legacyTopic: partitions, upgradeTopic: partitions})
+	topics := map[string]int32{topic: partitions, deadLetterTopic: 1, legacyTopic: partitions, upgradeTopic: partitions}
+	for _, name := range steadyTopics() {
+		topics[name] = partitions
+	}
+	s.broker = startBroker(t, s.cleanup, topics)
 	s.sink = startSink(t, s.cleanup)
 	server, err := testenv.ServerURL(t.Context())
 	if err != nil {

@@ -7,22 +7,23 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/testenv"
 )
 
-// steadyStateWindow is longer than the two minutes at which the operator used to start a Job
-// per running inbox to read the consumer registry.
-const steadyStateWindow = 150 * time.Second
-
 // testConsumerStateInStatus runs after the stream was processed: the operator reads its consumer
 // pods over the pod network, with the credentials it mounted into them, and status.consumers
 // and kubectl get sqi show each pod's partitions and a lag of zero, as the committed offsets
-// say; then, for longer than the old registry-check interval, the operator starts no Job.
+// say, and the LAG and WAITING columns the consumers' own metrics. (Cases 4d and 8b show that the
+// steady state starts no Job.)
 func testConsumerStateInStatus(t *testing.T, s *suite) {
 	pods := consumerPods(t)
 	slices.Sort(pods)
@@ -53,23 +54,12 @@ func testConsumerStateInStatus(t *testing.T, s *suite) {
 			t.Errorf("status.consumers.pods: %+v, want a ready pod holding partitions of %s, nothing blocked", p, topic)
 		}
 	}
-	table := kubectl(t, "-n", namespace, "get", "sqi", inboxName)
-	if header := strings.Fields(strings.SplitN(table, "\n", 2)[0]); !slices.Contains(header, "LAG") || !slices.Contains(header, "WAITING") {
-		t.Errorf("kubectl get sqi shows no LAG and WAITING columns:\n%s", table)
+	// Quiet now: the columns equal the consumers' own metrics exactly.
+	lag, waiting := consumerMetrics(t)
+	if got := sqiColumns(t, "LAG", "WAITING"); got[0] != fmt.Sprint(lag) || got[1] != fmt.Sprint(waiting) {
+		t.Errorf("kubectl get sqi shows LAG %s WAITING %s; the consumers' metrics say %d and %d", got[0], got[1], lag, waiting)
 	}
 	t.Logf("kubectl get sqi -o wide:\n%s", kubectl(t, "-n", namespace, "get", "sqi", inboxName, "-o", "wide"))
-
-	jobs := func() []string {
-		return strings.Fields(kubectl(t, "-n", namespace, "get", "jobs", "-o", "name", "-l", "app.kubernetes.io/instance="+inboxName))
-	}
-	before := jobs()
-	deadline := time.Now().Add(steadyStateWindow)
-	for time.Now().Before(deadline) {
-		if now := jobs(); len(now) != len(before) {
-			t.Fatalf("the operator created Jobs in the steady state: %v, before %v", now, before)
-		}
-		time.Sleep(10 * time.Second)
-	}
 }
 
 // e2eBlockedThreshold replaces the operator's five minutes in testBlockedRecordInDegraded.
@@ -106,8 +96,17 @@ FOR EACH ROW WHEN (NEW.idempotence_id = '`+id+`') EXECUTE FUNCTION e2e_out_of_re
 	defer lift()
 
 	// The order's other events wait in the buffer behind its refused OrderCreated.
+	// OrderCreated on partition 0, the rest on the others: they are read and buffered while it
+	// is retried.
+	recs := orderRecords(order, 1, 1)
+	for i, r := range recs {
+		r.Partition = int32(1 + i%(partitions-1))
+		if strings.HasSuffix(string(r.Headers[1].Value), "-OrderCreated") {
+			r.Partition = 0
+		}
+	}
 	produced := time.Now()
-	produce(t, s.producer, orderRecords(order, 1, 1))
+	produce(t, s.producer, recs)
 	var degradedAt time.Time
 	testenv.WaitUntil(t, "Degraded PartitionBlocked", e2eBlockedThreshold+30*time.Second, func() bool {
 		if degradedReason(t) == v1alpha1.PartitionBlockedReason {
@@ -123,12 +122,74 @@ FOR EACH ROW WHEN (NEW.idempotence_id = '`+id+`') EXECUTE FUNCTION e2e_out_of_re
 	testenv.WaitUntil(t, "status.consumers names the blocked record", 45*time.Second, func() bool {
 		return strings.Contains(kubectl(t, "-n", namespace, "get", "sqi", inboxName, "-o", "jsonpath={.status.consumers.pods[*].blocked.error}"), "out of resources")
 	})
+	// The blocked record holds back its partition, its order's other events wait: kubectl get sqi
+	// shows both as the consumers' metrics count them, within the band the operator writes by.
+	var lag, waiting int64
+	var columns []string
+	testenv.WaitUntil(t, "kubectl get sqi shows the consumers' lag and waiting messages", 45*time.Second, func() bool {
+		lag, waiting = consumerMetrics(t)
+		columns = sqiColumns(t, "LAG", "WAITING")
+		return lag > 0 && waiting > 0 && withinBand(columns[0], lag) && withinBand(columns[1], waiting)
+	})
+	t.Logf("blocked: kubectl get sqi shows LAG %s WAITING %s; the consumers' metrics %d and %d", columns[0], columns[1], lag, waiting)
 
 	lift()
 	liftedAt := time.Now()
 	testenv.WaitUntil(t, "Degraded clears", 30*time.Second, func() bool { return degradedReason(t) == v1alpha1.AsExpectedReason })
 	t.Logf("Degraded cleared %.1fs after the database took the record again", time.Since(liftedAt).Seconds())
 	s.awaitProcessed(t, time.Minute)
+}
+
+// consumerMetricsPort is the port the operator gives the consumers' /metrics.
+const consumerMetricsPort = 8080
+
+// consumerMetrics sums the lag over every consumer pod's /metrics and the waiting messages the
+// housekeeping leader counts there, read through the API server's pod proxy.
+func consumerMetrics(t *testing.T) (lag, waiting int64) {
+	t.Helper()
+	for _, pod := range consumerPods(t) {
+		raw := kubectl(t, "get", "--raw", fmt.Sprintf("/api/v1/namespaces/%s/pods/%s:%d/proxy/metrics", namespace, pod, consumerMetricsPort))
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		families, err := parser.TextToMetricFamilies(strings.NewReader(raw + "\n"))
+		if err != nil {
+			t.Fatalf("metrics of %s: %v", pod, err)
+		}
+		for _, m := range families["seqinbox_consumer_lag"].GetMetric() {
+			lag += int64(m.GetGauge().GetValue())
+		}
+		for _, m := range families["seqinbox_messages_waiting"].GetMetric() {
+			waiting += int64(m.GetGauge().GetValue())
+		}
+	}
+	return lag, waiting
+}
+
+// sqiColumns returns columns of `kubectl get sqi` for the inbox, by their headers.
+func sqiColumns(t *testing.T, headers ...string) []string {
+	t.Helper()
+	table := kubectl(t, "-n", namespace, "get", "sqi", inboxName)
+	lines := strings.Split(table, "\n")
+	header := strings.Fields(lines[0])
+	var values []string
+	for _, h := range headers {
+		i := slices.Index(header, h)
+		if i < 0 || len(lines) != 2 || len(strings.Fields(lines[1])) != len(header) {
+			t.Fatalf("kubectl get sqi has no column %s:\n%s", h, table)
+		}
+		values = append(values, strings.Fields(lines[1])[i])
+	}
+	return values
+}
+
+// withinBand reports whether a column shows a count that the operator would not rewrite: equal
+// to it or within the band the operator's status summary moves by (ten, or a tenth).
+func withinBand(column string, count int64) bool {
+	shown, err := strconv.ParseInt(column, 10, 64)
+	if err != nil {
+		return false
+	}
+	band := max(10, max(shown, count)/10)
+	return (shown == 0) == (count == 0) && shown-count <= band && count-shown <= band
 }
 
 // degradedReason is the reason of the inbox's Degraded condition.

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"sigs.k8s.io/yaml"
 
+	"github.com/seqinbox/seqinbox/api/v1alpha1"
 	"github.com/seqinbox/seqinbox/internal/inbox"
 	"github.com/seqinbox/seqinbox/internal/testenv"
 )
@@ -280,6 +281,15 @@ func testUpgradeUnderLoad(t *testing.T, s *suite) {
 	if p := kubectl(t, "-n", namespace, "get", "sqi", upgradeInbox, "-o", "jsonpath={.status.runningClaimProtocol}"); p != "check-then-insert-v0" {
 		t.Fatalf("running claim protocol %q; want the legacy check-then-insert-v0", p)
 	}
+	// The legacy engine predates the consumer state: its pods run without the state flags, and
+	// the inbox says why status.consumers stays empty.
+	if served := stateServed(t, upgradeInbox); served != "False "+v1alpha1.EnginePredatesStateReason {
+		t.Errorf("ConsumerStateServed on the legacy image: %q; want False %s", served, v1alpha1.EnginePredatesStateReason)
+	}
+	if args := kubectl(t, "-n", namespace, "get", "deployment", "-l", "app.kubernetes.io/instance="+upgradeInbox,
+		"-o", "jsonpath={.items[0].spec.template.spec.containers[0].args}"); strings.Contains(args, "--state-bind-address") {
+		t.Errorf("the legacy consumers get the state flags: %s", args)
+	}
 
 	stopPods := watchPods(t.Context())
 	stopRegistry := watchRegistry(t.Context(), t, dbURL)
@@ -391,6 +401,15 @@ func testUpgradeUnderLoad(t *testing.T, s *suite) {
 		t.Errorf("sink: last legacy delivery %s, first current delivery %s; want every legacy delivery first", lastLegacyDelivery, firstCurrentDelivery)
 	}
 	checkExactlyOnceInOrderPrefixed(t, mine, "upgrade-", 1, batches*perBatch)
+	testenv.WaitUntil(t, "ConsumerStateServed once the current engine runs", time.Minute, func() bool {
+		return stateServed(t, upgradeInbox) == "True "+v1alpha1.StateServedReason
+	})
+}
+
+// stateServed is the status and reason of an inbox's ConsumerStateServed condition.
+func stateServed(t *testing.T, name string) string {
+	return kubectl(t, "-n", namespace, "get", "sqi", name, "-o",
+		`jsonpath={.status.conditions[?(@.type=="ConsumerStateServed")].status} {.status.conditions[?(@.type=="ConsumerStateServed")].reason}`)
 }
 
 // orderRecordsFor is orderRecords on another topic with an ID prefix; the copies of a logical
