@@ -3,13 +3,17 @@ package main
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	goflag "flag"
+	"fmt"
+	"io"
 	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/yaml"
 
 	"github.com/seqinbox/seqinbox/internal/cli"
 	"github.com/seqinbox/seqinbox/internal/consumer"
@@ -45,6 +49,8 @@ const (
 const (
 	outputText = "text"
 	outputJSON = "json"
+	// outputYAML is for commands whose output is data (addDataOutputFlag).
+	outputYAML = "yaml"
 )
 
 // addManifestFlag binds -f/--filename, the SequentialInbox manifest (the file applied with kubectl).
@@ -87,13 +93,45 @@ func checkOutput(output string) error {
 	return nil
 }
 
-// fromEnv sets *p from the environment variable when the flag was not given on the command line.
+// addDataOutputFlag binds -o/--output with the values text, json and yaml, for a command whose
+// output is data that scripts read (inspect); checkDataOutput validates it.
+func addDataOutputFlag(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVarP(p, "output", "o", outputText, "output format: text, json or yaml")
+	_ = cmd.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{outputText, outputJSON, outputYAML}, cobra.ShellCompDirectiveNoFileComp))
+}
+
+// checkDataOutput returns a usage error for an --output value other than text, json or yaml.
+func checkDataOutput(output string) error {
+	if output != outputText && output != outputJSON && output != outputYAML {
+		return cli.UsageErrorf("--output %q: use text, json or yaml", output)
+	}
+	return nil
+}
+
+// writeData writes v as indented JSON or as YAML (the same fields, converted from the JSON).
+func writeData(w io.Writer, output string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", output, err)
+	}
+	if output == outputYAML {
+		if b, err = yaml.JSONToYAML(b); err != nil {
+			return fmt.Errorf("encode yaml: %w", err)
+		}
+	} else {
+		b = append(b, '\n')
+	}
+	_, err = w.Write(b)
+	return err
+}
+
 // addSchemaFlag adds --schema, the schema that must hold the inbox's tables
 // (spec.database.schema), checked before any table is touched.
 func addSchemaFlag(cmd *cobra.Command, p *string) {
 	cmd.Flags().StringVar(p, "schema", "", "schema that must hold the inbox's tables (spec.database.schema); refused when the connection resolves tables to another (env "+envDatabaseSchema+")")
 }
 
+// fromEnv sets *p from the environment variable when the flag was not given on the command line.
 func fromEnv(cmd *cobra.Command, flag, env string, p *string) {
 	if !cmd.Flags().Changed(flag) {
 		if v, ok := os.LookupEnv(env); ok {

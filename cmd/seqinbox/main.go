@@ -57,6 +57,7 @@ commands (migrate, consume, action) from the same image. Outside Kubernetes, run
 		newConsumeCommand(),
 		newMigrateCommand(),
 		newActionCommand(),
+		newInspectCommand(),
 		newDeadLettersCommand(),
 		newVersionCommand(),
 	)

@@ -61,6 +61,10 @@ type Condition interface {
 	Holds(processed map[string]bool) bool
 	// Predecessors lists every qualified type the condition mentions, each once, sorted.
 	Predecessors() []string
+	// Missing is the part of the condition that the processed types do not meet yet, nil when
+	// it holds: for "OrderCreated and (OrderPaid or OrderCancelled)" with OrderCreated processed,
+	// "OrderPaid or OrderCancelled". It decides with Holds, so it agrees with the release.
+	Missing(processed map[string]bool) Condition
 	// String renders the condition, for example "OrderCreated and (OrderPaid or OrderCancelled)".
 	String() string
 }
@@ -76,6 +80,14 @@ func (p Predecessor) Predecessors() []string { return []string{string(p)} }
 
 // String implements Condition.
 func (p Predecessor) String() string { return string(p) }
+
+// Missing implements Condition.
+func (p Predecessor) Missing(processed map[string]bool) Condition {
+	if p.Holds(processed) {
+		return nil
+	}
+	return p
+}
 
 // And holds when every operand holds.
 type And []Condition
@@ -96,6 +108,24 @@ func (a And) Predecessors() []string { return predecessorsOf(a) }
 // String implements Condition.
 func (a And) String() string { return join(a, " and ") }
 
+// Missing implements Condition: the operands that do not hold, each reduced to what it misses.
+func (a And) Missing(processed map[string]bool) Condition {
+	var missing And
+	for _, c := range a {
+		if m := c.Missing(processed); m != nil {
+			missing = append(missing, m)
+		}
+	}
+	switch len(missing) {
+	case 0:
+		return nil
+	case 1:
+		return missing[0]
+	default:
+		return missing
+	}
+}
+
 // Or holds when any operand holds.
 type Or []Condition
 
@@ -114,6 +144,19 @@ func (o Or) Predecessors() []string { return predecessorsOf(o) }
 
 // String implements Condition.
 func (o Or) String() string { return join(o, " or ") }
+
+// Missing implements Condition: nothing when one operand holds, else any one of the operands,
+// each reduced to what it misses.
+func (o Or) Missing(processed map[string]bool) Condition {
+	if o.Holds(processed) {
+		return nil
+	}
+	missing := make(Or, len(o))
+	for i, c := range o {
+		missing[i] = c.Missing(processed)
+	}
+	return missing
+}
 
 func predecessorsOf(cs []Condition) []string {
 	seen := map[string]bool{}
