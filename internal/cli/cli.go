@@ -42,6 +42,21 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
+// exitError ends a command whose work ran elsewhere (a command in a pod) and whose output
+// already said what happened: the process exits with code and prints nothing more.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// Exited returns the outcome of a command that ran elsewhere and exited with code: nil for
+// ExitOK, else an error that makes the process exit with code without printing a second message.
+func Exited(code int) error {
+	if code == ExitOK {
+		return nil
+	}
+	return exitError{code}
+}
+
 // UsageError marks err as a usage error: the command line asks for something the command cannot do.
 func UsageError(err error) error { return usageError{err} }
 
@@ -70,9 +85,12 @@ func Run(ctx context.Context, root *cobra.Command, args []string, stdout, stderr
 // ExitCode maps the error of Run to the process exit status.
 func ExitCode(err error) int {
 	var ce *commandError
+	var exited exitError
 	switch {
 	case err == nil:
 		return ExitOK
+	case errors.As(err, &exited):
+		return exited.code
 	case errors.As(err, &ce) && ce.usage:
 		return ExitUsage
 	default:
@@ -84,6 +102,9 @@ func ExitCode(err error) int {
 // (an aggregate of validation errors is split, one field per line; a repeated line is written
 // once), and for a usage error where to find the usage.
 func PrintError(w io.Writer, err error) {
+	if errors.As(err, new(exitError)) {
+		return
+	}
 	var ce *commandError
 	if !errors.As(err, &ce) {
 		ce = &commandError{path: "error", err: err}

@@ -21,6 +21,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -115,6 +116,8 @@ type clients struct {
 	client.Client
 	core      kubernetes.Interface
 	namespace string
+	// config is the connection itself, for the streams of pods/exec.
+	config *rest.Config
 }
 
 // connect builds the clients from kubectl's flags; without any cluster configuration it says how
@@ -144,7 +147,7 @@ func (e *env) connect() (*clients, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to the API server %s: %w", cfg.Host, err)
 	}
-	return &clients{Client: c, core: core, namespace: ns}, nil
+	return &clients{Client: c, core: core, namespace: ns, config: cfg}, nil
 }
 
 // inbox reads the SequentialInbox name of the namespace; a missing one says how to list them.
