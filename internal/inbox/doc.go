@@ -19,9 +19,12 @@
 //     deleteExpiredBatch.
 //
 // Every state write names the state it expects (PROCESSED is final), and only an action's own
-// execution clears it. Every message row keeps the raw record of its latest delivery
-// (buffered_message), so that CONSUME can deliver it whatever its state. Reads that pick a
-// message pick one row per logical message (lookupMessageSQL, waitingStandsForItsMessage).
+// execution clears it. A message keeps the raw record of its latest delivery (buffered_message)
+// only while the engine may still have to deliver it: WAITING until released, FAILED until a
+// resend or an action settles it; a PROCESSED one keeps it only when its sequence keeps the
+// records of delivered messages (keepsRecord), and only then can CONSUME deliver it again. Reads
+// that pick a message pick one row per logical message (lookupMessageSQL,
+// waitingStandsForItsMessage).
 //
 // What the engine expects from the records' pool it is given (housekeeping, actions and metrics
 // reads run on Config.Maintenance, never on it):
