@@ -165,10 +165,16 @@ func ActionResultOf(ctx context.Context, db DB, requestID string) (ActionResult,
 	return r, nil
 }
 
-// pendingInstancesSQL finds instances with a pending action on themselves or on a message.
-const pendingInstancesSQL = `SELECT id FROM sequence_instance WHERE pending_action IS NOT NULL
-UNION
-SELECT sequence_instance_id FROM sequenced_message WHERE pending_action IS NOT NULL
+// pendingInstancesSQL finds instances with a pending action on themselves or on a message. Each
+// side reads its partial index of pending actions in id order up to the limit, so that the
+// planner never prefers to scan the table (it did with the statistics missing, taking every
+// message for one with an action); the instances of the first messages by id are as good a
+// batch as any, and the next run finds the rest.
+const pendingInstancesSQL = `SELECT id FROM (
+  (SELECT id FROM sequence_instance WHERE pending_action IS NOT NULL ORDER BY id LIMIT $1)
+  UNION
+  (SELECT sequence_instance_id FROM sequenced_message WHERE pending_action IS NOT NULL ORDER BY id LIMIT $1)
+) p
 ORDER BY 1
 LIMIT $1`
 

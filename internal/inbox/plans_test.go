@@ -3,9 +3,12 @@ package inbox
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // engineTables are the tables a message's processing reads and writes.
@@ -67,14 +70,41 @@ func TestHotStatementsProbeIndexesWhateverTheStatistics(t *testing.T) {
 	statements := []struct {
 		name, sql string
 		args      []any
+		// uses are the indexes of messageIndexes that the plan must name: the statement is why
+		// they exist.
+		uses []string
 	}{
-		{"claim lookup", lookupMessageSQL, []any{"A", ids[0]}},
-		{"instance state", instanceStateSQL, []any{instances[0]}},
-		{"instance lookup", selectInstanceSQL, []any{"chain", contexts[0]}},
-		{"batch lookup", lookupMessagesSQL, []any{types, ids}},
-		{"batch states", insertStatesSQL, states.args()},
-		{"batch unclaim", unclaimSQL, []any{types, ids}},
-		{"waiting gauges", stateCollectSQL, []any{time.Now(), time.Now().Add(time.Hour), "no-holder"}},
+		{"claim", claimSQL, []any{"A", "new-claim", instances[0], "60000"}, []string{"sequential_inbox_idempotence_pkey"}},
+		{"claim lookup", lookupMessageSQL, []any{"A", ids[0]}, []string{"sequenced_message_idempotence_id"}},
+		{"instance state", instanceStateSQL, []any{instances[0]}, []string{"sequenced_message_instance_state_type"}},
+		{"instance lookup", selectInstanceSQL, []any{"chain", contexts[0]}, nil},
+		{"batch lookup", lookupMessagesSQL, []any{types, ids}, nil},
+		{"batch states", insertStatesSQL, states.args(), nil},
+		{"batch unclaim", unclaimSQL, []any{types, ids}, nil},
+		{"record of a release", loadBufferedSQL, []any{int64(10)}, []string{"sequenced_message_pkey", "buffered_message_pkey"}},
+		{"released", markReleasedSQL, []any{int64(10), stateWaiting, false}, nil},
+		{"pending actions", pendingInstancesSQL, []any{actionBatchSize}, []string{"sequenced_message_pending_action"}},
+		{"waiting gauges", stateCollectSQL, []any{time.Now(), time.Now().Add(time.Hour), "no-holder"}, []string{"sequenced_message_waiting_type"}},
+		// What the foreign keys' ON DELETE CASCADE runs when housekeeping deletes an instance
+		// (PostgreSQL's own statement text): without the index each deleted instance would read
+		// the whole table.
+		{"instance deleted: its claims", `DELETE FROM ONLY sequential_inbox_idempotence WHERE $1 OPERATOR(pg_catalog.=) sequence_instance_id`,
+			[]any{instances[0]}, []string{"sequential_inbox_idempotence_sequence_instance_id"}},
+		{"instance deleted: its messages", `DELETE FROM ONLY sequenced_message WHERE $1 OPERATOR(pg_catalog.=) sequence_instance_id`,
+			[]any{instances[0]}, []string{"sequenced_message_instance_state_type"}},
+		{"message deleted: its record", `DELETE FROM ONLY buffered_message WHERE $1 OPERATOR(pg_catalog.=) sequenced_message_id`,
+			[]any{int64(10)}, []string{"buffered_message_pkey"}},
+	}
+	used := map[string]bool{}
+	for _, st := range statements {
+		for _, index := range st.uses {
+			used[index] = true
+		}
+	}
+	for _, index := range messageIndexes {
+		if !used[index] {
+			t.Fatalf("index %s has no statement in this test that needs it", index)
+		}
 	}
 
 	for _, stats := range []string{"missing", "stale"} {
@@ -96,6 +126,7 @@ func TestHotStatementsProbeIndexesWhateverTheStatistics(t *testing.T) {
 				first += 10
 			}
 			fillEngineTables(t, h, first, 20_000-first+1)
+			h.requireMessageIndexesAndKeys()
 			for _, st := range statements {
 				t.Run(st.name, func(t *testing.T) {
 					plan := h.planAsIs(st.sql, st.args...)
@@ -104,9 +135,64 @@ func TestHotStatementsProbeIndexesWhateverTheStatistics(t *testing.T) {
 							t.Fatalf("plan scans %s:\n%s", table, plan)
 						}
 					}
+					for _, index := range st.uses {
+						if !strings.Contains(plan, index) {
+							t.Fatalf("plan does not use %s:\n%s", index, plan)
+						}
+					}
 				})
 			}
 		})
+	}
+}
+
+// messageIndexes are all the indexes that every message pays for, or every message that waits or
+// failed, or is to get an action: of its claim, its state row and its raw record. Each is named
+// by a statement of TestHotStatementsProbeIndexesWhateverTheStatistics that needs it.
+var messageIndexes = []string{
+	"buffered_message_pkey",
+	"sequenced_message_idempotence_id",
+	"sequenced_message_instance_state_type",
+	"sequenced_message_pending_action",
+	"sequenced_message_pkey",
+	"sequenced_message_waiting_type",
+	"sequential_inbox_idempotence_pkey",
+	"sequential_inbox_idempotence_sequence_instance_id",
+}
+
+// messageForeignKeys are all the foreign keys that a message's rows are checked against, and what
+// each gives: the claim's holds the instance for T1 (its check locks the instance row FOR KEY
+// SHARE, so housekeeping cannot delete the instance under a claim in flight) and, with the other
+// two, deletes a message's rows with its instance (plans of the cascade in the test above).
+var messageForeignKeys = []string{
+	"buffered_message_sequenced_message_id_fkey",
+	"sequenced_message_sequence_instance_id_fkey",
+	"sequential_inbox_idempotence_sequence_instance_id_fkey",
+}
+
+// requireMessageIndexesAndKeys fails unless the tables of a message's rows have exactly
+// messageIndexes and messageForeignKeys: a new index or key needs a statement that proves it.
+func (h *harness) requireMessageIndexesAndKeys() {
+	h.t.Helper()
+	tables := []string{"sequenced_message", "sequential_inbox_idempotence", "buffered_message"}
+	for _, c := range []struct {
+		what, sql string
+		want      []string
+	}{
+		{"indexes", `SELECT indexname::text FROM pg_indexes WHERE schemaname = current_schema() AND tablename = ANY($1) ORDER BY 1`, messageIndexes},
+		{"foreign keys", `SELECT conname::text FROM pg_constraint WHERE contype = 'f' AND conrelid::regclass::text = ANY($1) ORDER BY 1`, messageForeignKeys},
+	} {
+		rows, err := h.pool.Query(context.Background(), c.sql, tables)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		if !slices.Equal(got, c.want) {
+			h.t.Fatalf("%s of a message's tables = %v, want %v", c.what, got, c.want)
+		}
 	}
 }
 
