@@ -76,6 +76,7 @@ func TestHelpOfEveryCommandExitsZeroWithDescriptionAndExample(t *testing.T) {
 func TestSubcommandHelpListsItsFlags(t *testing.T) {
 	for args, flags := range map[string][]string{
 		"deadletters retry -h": {"--filename", "--bootstrap-servers", "--limit", "--filter-reason"},
+		"deadletters list -h":  {"--filename", "--bootstrap-servers", "--reason", "--since", "--output"},
 		"consume -h":           {"--filename", "--database-url", "--metrics-bind-address", "--health-probe-bind-address", "--instance-id", "--zap-log-level"},
 		"operator -h":          {"--metrics-bind-address", "--health-probe-bind-address", "--leader-elect", "--kubeconfig"},
 		"migrate -h":           {"--database-url", "--output", "--dry-run"},
@@ -141,6 +142,12 @@ func TestUsageErrorsExitTwoWithOneLineNamingTheProblem(t *testing.T) {
 		{[]string{"deadletters", "retry", "-f", "inbox.yaml", "--limit", "many"}, `seqinbox deadletters retry: invalid argument "many" for "--limit" flag`},
 		{[]string{"deadletters", "retry", "-f", "inbox.yaml", "--filter-reason", "listenerfailed"}, `seqinbox deadletters retry: --filter-reason "listenerfailed": reasons are case-sensitive; use ListenerFailed`},
 		{[]string{"deadletters", "retry", "-f", "inbox.yaml", "--filter-reason", "Timeout"}, `seqinbox deadletters retry: --filter-reason "Timeout": no dead letter has this reason; use one of FilterError, `},
+		{[]string{"deadletters", "list"}, "seqinbox deadletters list: -f inbox.yaml is required"},
+		{[]string{"deadletters", "list", "-f", "inbox.yaml", "--reason", "listenerfailed"}, `seqinbox deadletters list: --reason "listenerfailed": reasons are case-sensitive; use ListenerFailed`},
+		{[]string{"deadletters", "list", "-f", "inbox.yaml", "--reason", "Timeout"}, `seqinbox deadletters list: --reason "Timeout": no dead letter has this reason; use one of FilterError, `},
+		{[]string{"deadletters", "list", "-f", "inbox.yaml", "--since", "yesterday"}, `seqinbox deadletters list: --since "yesterday": use a duration back from now (1h, 30m) or an RFC 3339 time`},
+		{[]string{"deadletters", "list", "-f", "inbox.yaml", "--since", "-1h"}, `seqinbox deadletters list: --since -1h: use a positive duration`},
+		{[]string{"deadletters", "list", "-f", "inbox.yaml", "-o", "csv"}, `seqinbox deadletters list: --output "csv": use text, json or yaml`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -180,8 +180,10 @@ func (p *Publisher) Record(l Letter) *kgo.Record {
 	if l.ContextID != "" {
 		add(HeaderContextID, l.ContextID)
 	}
-	add(HeaderFailedAt, p.clock.Now().UTC().Format(time.RFC3339Nano))
-	return &kgo.Record{Topic: p.topic, Key: l.Key, Value: l.Value, Headers: headers}
+	now := p.clock.Now()
+	add(HeaderFailedAt, now.UTC().Format(time.RFC3339Nano))
+	// The letter's timestamp is its failure time, so that ListOffsets by time finds it (List's Since).
+	return &kgo.Record{Topic: p.topic, Key: l.Key, Value: l.Value, Headers: headers, Timestamp: now}
 }
 
 // DeadLetter implements inbox.DeadLetterer for the messages the engine gives up on outside a

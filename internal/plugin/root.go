@@ -91,6 +91,7 @@ the inbox's database runs in the cluster with the inbox's own credentials.`,
 		newActionCommand(e, v1alpha1.ActionConsumeAll),
 		newActionCommand(e, v1alpha1.ActionClose),
 		newApproveCommand(e),
+		newDeadLettersCommand(e),
 		newReportCommand(e),
 	)
 	return root
