@@ -91,6 +91,9 @@ type Consumer struct {
 	dlqMetrics    *deadletter.Metrics
 	// deadLetters counts the dead letters of the last hour for State.
 	deadLetters *hourlyCount
+	// deadLettersByReason counts them by reason (deadLettersOf).
+	deadLettersMu       sync.Mutex
+	deadLettersByReason map[string]*hourlyCount
 	// build is what this consumer speaks; group is its membership in the Kafka consumer group.
 	build build
 	group *groupMembership
@@ -145,18 +148,19 @@ func New(cfg Config) (*Consumer, error) {
 
 	c := &Consumer{
 		cfg: cfg, log: log, clock: cfg.Clock, set: set, decoder: dec, connOpts: connOpts,
-		dlqTopic:      manifest.DeadLetterTopic(spec),
-		recordTimeout: RecordTimeout(cfg.maxPollInterval()),
-		inFlight:      make(chan struct{}, cfg.inFlightLimit()),
-		backlog:       newBacklog(cfg.maxBufferedBytes()),
-		registry:      prometheus.NewRegistry(),
-		metrics:       newMetrics(),
-		blocked:       newBlockage(cfg.Clock),
-		engineMetrics: inbox.NewMetrics(),
-		dlqMetrics:    deadletter.NewMetrics(),
-		deadLetters:   newHourlyCount(cfg.Clock),
-		fenceReason:   "starting: schema check and version fence not done yet",
-		fenceChanged:  make(chan struct{}),
+		dlqTopic:            manifest.DeadLetterTopic(spec),
+		recordTimeout:       RecordTimeout(cfg.maxPollInterval()),
+		inFlight:            make(chan struct{}, cfg.inFlightLimit()),
+		backlog:             newBacklog(cfg.maxBufferedBytes()),
+		registry:            prometheus.NewRegistry(),
+		metrics:             newMetrics(),
+		blocked:             newBlockage(cfg.Clock),
+		engineMetrics:       inbox.NewMetrics(),
+		dlqMetrics:          deadletter.NewMetrics(),
+		deadLetters:         newHourlyCount(cfg.Clock),
+		deadLettersByReason: map[string]*hourlyCount{},
+		fenceReason:         "starting: schema check and version fence not done yet",
+		fenceChanged:        make(chan struct{}),
 	}
 	c.build = thisBuild()
 	if cfg.build != (build{}) {

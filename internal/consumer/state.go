@@ -36,6 +36,7 @@ func (c *Consumer) State(context.Context) consumerstate.State {
 	}
 	var (
 		deadLetters float64
+		byReason    = map[string]float64{}
 		db          consumerstate.Database
 		leader      bool
 	)
@@ -50,6 +51,7 @@ func (c *Consumer) State(context.Context) consumerstate.State {
 		case "seqinbox_dead_letters_total":
 			for _, m := range f.GetMetric() {
 				deadLetters += m.GetCounter().GetValue()
+				byReason[label(m, "reason")] = m.GetCounter().GetValue()
 			}
 		case "seqinbox_messages_waiting":
 			for _, m := range f.GetMetric() {
@@ -60,7 +62,13 @@ func (c *Consumer) State(context.Context) consumerstate.State {
 			}
 		case "seqinbox_oldest_waiting_message_age_seconds":
 			for _, m := range f.GetMetric() {
-				db.OldestWaitingSeconds = max(db.OldestWaitingSeconds, m.GetGauge().GetValue())
+				age := m.GetGauge().GetValue()
+				db.OldestWaitingSeconds = max(db.OldestWaitingSeconds, age)
+				if db.OldestWaitingSecondsByType == nil {
+					db.OldestWaitingSecondsByType = map[string]float64{}
+				}
+				typ := label(m, "type")
+				db.OldestWaitingSecondsByType[typ] = max(db.OldestWaitingSecondsByType[typ], age)
 			}
 		case "seqinbox_instances_expiring_soon":
 			// The leader always serves this gauge, zero or not; every other consumer never does.
@@ -80,6 +88,14 @@ func (c *Consumer) State(context.Context) consumerstate.State {
 		return int(a.Partition - b.Partition)
 	})
 	s.DeadLettersLastHour = c.deadLetters.lastHour(deadLetters)
+	for reason, total := range byReason {
+		if n := c.deadLettersOf(reason).lastHour(total); n > 0 {
+			if s.DeadLettersLastHourByReason == nil {
+				s.DeadLettersLastHourByReason = map[string]int64{}
+			}
+			s.DeadLettersLastHourByReason[reason] = n
+		}
+	}
 	if leader {
 		if db.WaitingByType == nil {
 			db.WaitingByType = map[string]int64{}
@@ -87,6 +103,19 @@ func (c *Consumer) State(context.Context) consumerstate.State {
 		s.Database = &db
 	}
 	return s
+}
+
+// deadLettersOf is the hourly count of the dead letters of one reason, begun when the reason's
+// counter first showed (it was zero before).
+func (c *Consumer) deadLettersOf(reason string) *hourlyCount {
+	c.deadLettersMu.Lock()
+	defer c.deadLettersMu.Unlock()
+	h, ok := c.deadLettersByReason[reason]
+	if !ok {
+		h = newHourlyCount(c.cfg.Clock)
+		c.deadLettersByReason[reason] = h
+	}
+	return h
 }
 
 func label(m *dto.Metric, name string) string {

@@ -93,6 +93,12 @@ func TestStateServesPartitionsLagBlockedRecordAndDatabaseCountsToTheOperatorOnly
 	if got := st.Database.WaitingByType["OrderPaid"]; got != 1 {
 		t.Errorf("waiting by type %v, want OrderPaid: 1", st.Database.WaitingByType)
 	}
+	if got := st.DeadLettersLastHourByReason; len(got) != 1 || got["InvalidJSON"] != 1 {
+		t.Errorf("dead letters of the last hour by reason %v, want InvalidJSON: 1", got)
+	}
+	if got := st.Database.OldestWaitingSecondsByType; len(got) != 1 || got["OrderPaid"] <= 0 || got["OrderPaid"] > st.Database.OldestWaitingSeconds {
+		t.Errorf("oldest waiting age by type %v, want the OrderPaid's age, at most the oldest's %v", got, st.Database.OldestWaitingSeconds)
+	}
 	if st.Database.OldestWaitingSeconds <= 0 {
 		t.Errorf("oldest waiting age %v, want the OrderPaid's age", st.Database.OldestWaitingSeconds)
 	}

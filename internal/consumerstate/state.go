@@ -27,6 +27,9 @@ type State struct {
 	// DeadLettersLastHour counts the records this consumer dead-lettered in the last hour (since it
 	// started, when that is less), to about a minute.
 	DeadLettersLastHour int64 `json:"deadLettersLastHour"`
+	// DeadLettersLastHourByReason is DeadLettersLastHour by dead-letter reason (only reasons with
+	// letters); absent from consumers of releases before it.
+	DeadLettersLastHourByReason map[string]int64 `json:"deadLettersLastHourByReason,omitempty"`
 	// Database holds the database-wide counts; only the housekeeping leader serves them, so that
 	// the operator counts each once. Nil on every other consumer.
 	Database *Database `json:"database,omitempty"`
@@ -59,6 +62,9 @@ type Database struct {
 	WaitingByType map[string]int64 `json:"waitingByType"`
 	// OldestWaitingSeconds is the age of the oldest WAITING message; zero when none waits.
 	OldestWaitingSeconds float64 `json:"oldestWaitingSeconds"`
+	// OldestWaitingSecondsByType is the age of the oldest WAITING message of each qualified type
+	// of WaitingByType; absent from consumers of releases before it.
+	OldestWaitingSecondsByType map[string]float64 `json:"oldestWaitingSecondsByType,omitempty"`
 	// InstancesExpiringSoon counts the open sequence instances whose retention ends within the
 	// configured window; InstancesExpired those past it, waiting for removal.
 	InstancesExpiringSoon int64 `json:"instancesExpiringSoon"`
