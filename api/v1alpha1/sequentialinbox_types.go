@@ -664,15 +664,62 @@ type ConsumersStatus struct {
 	// +optional
 	InstancesExpiringSoon *int64 `json:"instancesExpiringSoon,omitempty"`
 
+	// WaitingByType is WaitingMessages by qualified message type, with when the oldest of each
+	// type arrived: the MaxWaitingTypes types with the most waiting messages, most first (the
+	// rest count in WaitingMessages only). Absent while no consumer leads housekeeping or none waits.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=10
+	WaitingByType []WaitingTypeStatus `json:"waitingByType,omitempty"`
+
 	// DeadLettersLastHour is the records the running consumers dead-lettered in the last hour
 	// (since they started, when that is less).
 	DeadLettersLastHour int64 `json:"deadLettersLastHour"`
+
+	// DeadLettersLastHourByReason is DeadLettersLastHour by dead-letter reason (docs/dead-letters.md
+	// lists them), most first; only reasons with letters, at most MaxDeadLetterReasons.
+	// +optional
+	// +listType=map
+	// +listMapKey=reason
+	// +kubebuilder:validation:MaxItems=32
+	DeadLettersLastHourByReason []DeadLetterReasonCount `json:"deadLettersLastHourByReason,omitempty"`
 
 	// Pods is what each consumer pod reported.
 	// +optional
 	// +listType=map
 	// +listMapKey=name
 	Pods []ConsumerPodStatus `json:"pods,omitempty"`
+}
+
+// MaxWaitingTypes is how many message types status.consumers.waitingByType lists: enough for
+// the types that hold a buffer, few enough for one screen and a small status.
+const MaxWaitingTypes = 10
+
+// MaxDeadLetterReasons bounds status.consumers.deadLettersLastHourByReason; every reason of this
+// release fits.
+const MaxDeadLetterReasons = 32
+
+// WaitingTypeStatus is the WAITING messages of one qualified type.
+type WaitingTypeStatus struct {
+	// Type is the qualified message type (type.subtype for a subtyped one).
+	Type string `json:"type"`
+
+	// Count is the messages of the type WAITING for their predecessors, database-wide.
+	Count int64 `json:"count"`
+
+	// OldestSince is about when the oldest of them arrived; absent from consumers of earlier releases.
+	// +optional
+	OldestSince *metav1.Time `json:"oldestSince,omitempty"`
+}
+
+// DeadLetterReasonCount is the dead letters of one reason.
+type DeadLetterReasonCount struct {
+	// Reason is the dead-letter reason, header seqinbox-dlq-reason (InvalidJSON, ListenerFailed, ...).
+	Reason string `json:"reason"`
+
+	// Count is the records the running consumers dead-lettered for it in the last hour.
+	Count int64 `json:"count"`
 }
 
 // ConsumerPodStatus is what one consumer pod reported.

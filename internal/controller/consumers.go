@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -391,6 +392,8 @@ func blockedMessage(pod string, b consumerstate.Blocked, threshold time.Duration
 // summarizeConsumers builds the status summary from the pods' last states.
 func summarizeConsumers(in *inboxReads, now time.Time) *v1alpha1.ConsumersStatus {
 	sum := &v1alpha1.ConsumersStatus{UpdatedAt: metav1.NewTime(now), Pods: []v1alpha1.ConsumerPodStatus{}}
+	byReason := map[string]int64{}
+	defer func() { sum.DeadLettersLastHourByReason = reasonCounts(byReason) }()
 	for _, name := range slices.Sorted(maps.Keys(in.pods)) {
 		pr := in.pods[name]
 		pod := v1alpha1.ConsumerPodStatus{Name: name}
@@ -403,6 +406,9 @@ func summarizeConsumers(in *inboxReads, now time.Time) *v1alpha1.ConsumersStatus
 			pod.Lag = st.Lag()
 			sum.Lag += pod.Lag
 			sum.DeadLettersLastHour += st.DeadLettersLastHour
+			for reason, n := range st.DeadLettersLastHourByReason {
+				byReason[reason] += n
+			}
 			if b := st.Blocked; b != nil {
 				pod.Blocked = &v1alpha1.BlockedRecord{Topic: b.Topic, Partition: b.Partition, Offset: b.Offset,
 					Since: metav1.NewTime(b.Since.Truncate(time.Second)), Error: truncateTo(b.Error, 512)}
@@ -414,11 +420,47 @@ func summarizeConsumers(in *inboxReads, now time.Time) *v1alpha1.ConsumersStatus
 					since := pr.readAt.Add(-time.Duration(db.OldestWaitingSeconds * float64(time.Second))).Truncate(time.Second)
 					sum.OldestWaitingSince = ptr.To(metav1.NewTime(since))
 				}
+				sum.WaitingByType = waitingByType(db, pr.readAt)
 			}
 		}
 		sum.Pods = append(sum.Pods, pod)
 	}
 	return sum
+}
+
+// waitingByType lists the leader's waiting messages per type, most first (then by type), at most
+// MaxWaitingTypes, each with its oldest's arrival as of readAt.
+func waitingByType(db *consumerstate.Database, readAt time.Time) []v1alpha1.WaitingTypeStatus {
+	var out []v1alpha1.WaitingTypeStatus
+	for typ, n := range db.WaitingByType {
+		if n <= 0 {
+			continue
+		}
+		w := v1alpha1.WaitingTypeStatus{Type: typ, Count: n}
+		if age, ok := db.OldestWaitingSecondsByType[typ]; ok && age > 0 {
+			w.OldestSince = ptr.To(metav1.NewTime(readAt.Add(-time.Duration(age * float64(time.Second))).Truncate(time.Second)))
+		}
+		out = append(out, w)
+	}
+	slices.SortFunc(out, func(a, b v1alpha1.WaitingTypeStatus) int {
+		return cmp.Or(cmp.Compare(b.Count, a.Count), strings.Compare(a.Type, b.Type))
+	})
+	return out[:min(len(out), v1alpha1.MaxWaitingTypes)]
+}
+
+// reasonCounts lists the dead letters by reason, most first (then by reason), at most
+// MaxDeadLetterReasons.
+func reasonCounts(byReason map[string]int64) []v1alpha1.DeadLetterReasonCount {
+	var out []v1alpha1.DeadLetterReasonCount
+	for reason, n := range byReason {
+		if n > 0 {
+			out = append(out, v1alpha1.DeadLetterReasonCount{Reason: reason, Count: n})
+		}
+	}
+	slices.SortFunc(out, func(a, b v1alpha1.DeadLetterReasonCount) int {
+		return cmp.Or(cmp.Compare(b.Count, a.Count), strings.Compare(a.Reason, b.Reason))
+	})
+	return out[:min(len(out), v1alpha1.MaxDeadLetterReasons)]
 }
 
 // partitionList writes partitions as topic[p,q] per topic, in order.
@@ -454,13 +496,33 @@ func summaryMoved(old, now *v1alpha1.ConsumersStatus) bool {
 	if countMoved(old.Lag, now.Lag) || old.DeadLettersLastHour != now.DeadLettersLastHour ||
 		optionalCountMoved(old.WaitingMessages, now.WaitingMessages) ||
 		optionalCountMoved(old.InstancesExpiringSoon, now.InstancesExpiringSoon) ||
-		timeMoved(old.OldestWaitingSince, now.OldestWaitingSince) || len(old.Pods) != len(now.Pods) {
+		timeMoved(old.OldestWaitingSince, now.OldestWaitingSince) || len(old.Pods) != len(now.Pods) ||
+		waitingByTypeMoved(old.WaitingByType, now.WaitingByType) || !slices.Equal(old.DeadLettersLastHourByReason, now.DeadLettersLastHourByReason) {
 		return true
 	}
 	for i, o := range old.Pods {
 		n := now.Pods[i]
 		if o.Name != n.Name || o.Ready != n.Ready || o.Reason != n.Reason || o.Partitions != n.Partitions ||
 			(o.Unreachable == "") != (n.Unreachable == "") || countMoved(o.Lag, n.Lag) || blockedMoved(o.Blocked, n.Blocked) {
+			return true
+		}
+	}
+	return false
+}
+
+// waitingByTypeMoved reports whether the listed types changed, or a type's count or oldest moved
+// beyond its band; two types whose counts swap places within the band are no change.
+func waitingByTypeMoved(old, now []v1alpha1.WaitingTypeStatus) bool {
+	if len(old) != len(now) {
+		return true
+	}
+	byType := map[string]v1alpha1.WaitingTypeStatus{}
+	for _, o := range old {
+		byType[o.Type] = o
+	}
+	for _, n := range now {
+		o, ok := byType[n.Type]
+		if !ok || countMoved(o.Count, n.Count) || timeMoved(o.OldestSince, n.OldestSince) {
 			return true
 		}
 	}

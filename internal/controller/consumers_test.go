@@ -18,8 +18,10 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/seqinbox/seqinbox/api/v1alpha1"
@@ -83,6 +85,8 @@ func serveState(t *testing.T, data map[string][]byte, state consumerstate.State)
 		if st := s.state; st.Database != nil && !s.oldestArrival.IsZero() {
 			db := *st.Database
 			db.OldestWaitingSeconds = s.clock.Since(s.oldestArrival).Seconds()
+			// The oldest of all is an OrderPaid; the InvoicePaid arrived a minute later.
+			db.OldestWaitingSecondsByType = map[string]float64{"OrderPaid": db.OldestWaitingSeconds, "InvoicePaid": db.OldestWaitingSeconds - 60}
 			st.Database = &db
 			return st
 		}
@@ -237,6 +241,7 @@ func TestTheSummaryShowsTheConsumersAndIsWrittenAtMostEvery30sAndOnlyBeyondItsBa
 	s0 := serveState(t, data, consumerState("orders-consumer-0", 5, 7))
 	leader := consumerState("orders-consumer-1", 0, 100)
 	leader.DeadLettersLastHour = 2
+	leader.DeadLettersLastHourByReason = map[string]int64{"ListenerFailed": 1, "InvalidJSON": 1}
 	leader.Database = &consumerstate.Database{WaitingByType: map[string]int64{"OrderPaid": 3, "InvoicePaid": 1}, InstancesExpiringSoon: 4}
 	s1 := serveState(t, data, leader)
 	// The oldest message arrived two minutes before the summary's first write, 30s from now.
@@ -262,6 +267,16 @@ func TestTheSummaryShowsTheConsumersAndIsWrittenAtMostEvery30sAndOnlyBeyondItsBa
 		sum.InstancesExpiringSoon == nil || *sum.InstancesExpiringSoon != 4 ||
 		sum.OldestWaitingSince == nil || !sum.OldestWaitingSince.Time.Equal(t0.Add(-2*time.Minute)) || !sum.UpdatedAt.Time.Equal(t0) {
 		t.Fatalf("status.consumers %+v, want lag 112, 4 waiting since %s, 2 dead letters, 4 expiring, updated %s", sum, t0.Add(-2*time.Minute), t0)
+	}
+	wantWaiting := []v1alpha1.WaitingTypeStatus{
+		{Type: "OrderPaid", Count: 3, OldestSince: ptr.To(metav1.NewTime(t0.Add(-2 * time.Minute)))},
+		{Type: "InvoicePaid", Count: 1, OldestSince: ptr.To(metav1.NewTime(t0.Add(-time.Minute)))},
+	}
+	if !equality.Semantic.DeepEqual(sum.WaitingByType, wantWaiting) {
+		t.Errorf("status.consumers.waitingByType %+v, want %+v", sum.WaitingByType, wantWaiting)
+	}
+	if want := []v1alpha1.DeadLetterReasonCount{{Reason: "InvalidJSON", Count: 1}, {Reason: "ListenerFailed", Count: 1}}; !slices.Equal(sum.DeadLettersLastHourByReason, want) {
+		t.Errorf("status.consumers.deadLettersLastHourByReason %+v, want %+v", sum.DeadLettersLastHourByReason, want)
 	}
 	if len(sum.Pods) != 2 || sum.Pods[0].Name != "orders-consumer-0" || sum.Pods[0].Partitions != "orders[0,1]" || sum.Pods[0].Lag != 12 ||
 		sum.Pods[1].Partitions != "orders[0,1]" || sum.Pods[1].Lag != 100 || !sum.Pods[1].Ready {
@@ -372,4 +387,42 @@ func mapKeys(m map[string][]byte) []string {
 		keys = append(keys, k)
 	}
 	return keys
+}
+
+// The new lists of the summary follow its rule: written when a type or reason comes or goes or a
+// count or time moves beyond its band, not when counts within it swap the order of two types.
+func TestWaitingByTypeAndDeadLettersByReasonMoveOnlyBeyondTheBand(t *testing.T) {
+	at := metav1.NewTime(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
+	later := func(d time.Duration) *metav1.Time { return ptr.To(metav1.NewTime(at.Add(d))) }
+	base := func() *v1alpha1.ConsumersStatus {
+		return &v1alpha1.ConsumersStatus{
+			WaitingByType:               []v1alpha1.WaitingTypeStatus{{Type: "OrderPaid", Count: 12, OldestSince: later(0)}, {Type: "OrderShipped", Count: 11, OldestSince: later(0)}},
+			DeadLettersLastHourByReason: []v1alpha1.DeadLetterReasonCount{{Reason: "InvalidJSON", Count: 2}},
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		edit  func(*v1alpha1.ConsumersStatus)
+		moved bool
+	}{
+		{"unchanged", func(*v1alpha1.ConsumersStatus) {}, false},
+		{"two types swap places within the band", func(s *v1alpha1.ConsumersStatus) {
+			s.WaitingByType = []v1alpha1.WaitingTypeStatus{{Type: "OrderShipped", Count: 13, OldestSince: later(0)}, {Type: "OrderPaid", Count: 11, OldestSince: later(0)}}
+		}, false},
+		{"a count beyond the band", func(s *v1alpha1.ConsumersStatus) { s.WaitingByType[0].Count = 40 }, true},
+		{"an oldest within 30s", func(s *v1alpha1.ConsumersStatus) { s.WaitingByType[0].OldestSince = later(20 * time.Second) }, false},
+		{"an oldest beyond 30s", func(s *v1alpha1.ConsumersStatus) { s.WaitingByType[0].OldestSince = later(time.Minute) }, true},
+		{"a type goes", func(s *v1alpha1.ConsumersStatus) { s.WaitingByType = s.WaitingByType[:1] }, true},
+		{"another type instead", func(s *v1alpha1.ConsumersStatus) { s.WaitingByType[1].Type = "OrderDelivered" }, true},
+		{"one more dead letter", func(s *v1alpha1.ConsumersStatus) { s.DeadLettersLastHourByReason[0].Count = 3 }, true},
+		{"a new reason", func(s *v1alpha1.ConsumersStatus) {
+			s.DeadLettersLastHourByReason = append(s.DeadLettersLastHourByReason, v1alpha1.DeadLetterReasonCount{Reason: "ListenerFailed", Count: 1})
+		}, true},
+	} {
+		now := base()
+		tc.edit(now)
+		if got := summaryMoved(base(), now); got != tc.moved {
+			t.Errorf("%s: moved %v, want %v", tc.name, got, tc.moved)
+		}
+	}
 }

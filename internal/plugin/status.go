@@ -26,6 +26,10 @@ import (
 // recentEvents is how many of the inbox's latest events the status shows.
 const recentEvents = 5
 
+// shownPerList is how many waiting types and dead-letter reasons the screen shows, each under its
+// total, so that it stays one screen; -o yaml has them all.
+const shownPerList = 5
+
 // expectedConditions is the status each condition of a healthy inbox has, in the order the
 // status shows the ones that differ.
 var expectedConditions = []struct {
@@ -68,6 +72,8 @@ type Status struct {
 	Waiting Waiting `json:"waiting"`
 	// DeadLettersLastHour is the records the running consumers dead-lettered in the last hour.
 	DeadLettersLastHour int64 `json:"deadLettersLastHour"`
+	// DeadLettersByReason is DeadLettersLastHour by reason, most first.
+	DeadLettersByReason []v1alpha1.DeadLetterReasonCount `json:"deadLettersByReason"`
 	// ReportedAt is when the operator last wrote what the consumers reported; nil before it did.
 	ReportedAt *metav1.Time `json:"reportedAt,omitempty"`
 	// Events are the inbox's latest events, oldest first.
@@ -166,6 +172,9 @@ type Waiting struct {
 	OldestSince *metav1.Time `json:"oldestSince,omitempty"`
 	// InstancesExpiringSoon is the open instances whose retention ends within the housekeeping window.
 	InstancesExpiringSoon *int64 `json:"instancesExpiringSoon,omitempty"`
+	// ByType is Messages by qualified type with the oldest of each, most first (at most
+	// v1alpha1.MaxWaitingTypes types).
+	ByType []v1alpha1.WaitingTypeStatus `json:"byType"`
 }
 
 // Event is one event of the inbox.
@@ -244,6 +253,7 @@ func statusOf(inbox *v1alpha1.SequentialInbox, now time.Time) *Status {
 	s := inbox.Status
 	st := &Status{Namespace: inbox.Namespace, Name: inbox.Name, Generation: inbox.Generation, ObservedGeneration: s.ObservedGeneration,
 		Attention: []ConditionView{}, Consumers: []Consumer{}, Events: []Event{}, Now: metav1.NewTime(now),
+		Waiting: Waiting{ByType: []v1alpha1.WaitingTypeStatus{}}, DeadLettersByReason: []v1alpha1.DeadLetterReasonCount{},
 		Replicas: Replicas{Spec: ptr.Deref(inbox.Spec.Replicas, 1), Running: s.Replicas, Ready: s.ReplicasReady},
 		Rollout: Rollout{
 			Strategy:      inbox.Spec.UpgradeStrategy,
@@ -277,7 +287,9 @@ func statusOf(inbox *v1alpha1.SequentialInbox, now time.Time) *Status {
 	}
 	if r := s.Consumers; r != nil {
 		st.Lag, st.DeadLettersLastHour, st.ReportedAt = r.Lag, r.DeadLettersLastHour, &r.UpdatedAt
-		st.Waiting = Waiting{Messages: r.WaitingMessages, OldestSince: r.OldestWaitingSince, InstancesExpiringSoon: r.InstancesExpiringSoon}
+		st.Waiting = Waiting{Messages: r.WaitingMessages, OldestSince: r.OldestWaitingSince, InstancesExpiringSoon: r.InstancesExpiringSoon,
+			ByType: append([]v1alpha1.WaitingTypeStatus{}, r.WaitingByType...)}
+		st.DeadLettersByReason = append(st.DeadLettersByReason, r.DeadLettersLastHourByReason...)
 	}
 	return st
 }
@@ -464,11 +476,29 @@ func renderStatus(w io.Writer, s screen, st *Status) {
 	if st.DeadLettersLastHour > 0 {
 		deadColour = colourYellow
 	}
-	s.table(w, "  ", [][]cell{
-		{{"Waiting messages", ""}, {waiting, ""}},
-		{{"Instances expiring soon", ""}, {expiring, ""}},
-		{{"Dead letters, last hour", ""}, {strconv.FormatInt(st.DeadLettersLastHour, 10), deadColour}},
-	})
+	rows = [][]cell{{{"Waiting messages", ""}, {waiting, ""}}}
+	for i, t := range st.Waiting.ByType {
+		if i == shownPerList {
+			rows = append(rows, []cell{{"", ""}, {more(len(st.Waiting.ByType)-i, "type"), ""}})
+			break
+		}
+		count := strconv.FormatInt(t.Count, 10)
+		if t.OldestSince != nil {
+			count += ", the oldest waits for " + age(now, t.OldestSince.Time)
+		}
+		rows = append(rows, []cell{{"  " + t.Type, ""}, {count, ""}})
+	}
+	rows = append(rows,
+		[]cell{{"Instances expiring soon", ""}, {expiring, ""}},
+		[]cell{{"Dead letters, last hour", ""}, {strconv.FormatInt(st.DeadLettersLastHour, 10), deadColour}})
+	for i, r := range st.DeadLettersByReason {
+		if i == shownPerList {
+			rows = append(rows, []cell{{"", ""}, {more(len(st.DeadLettersByReason)-i, "reason"), ""}})
+			break
+		}
+		rows = append(rows, []cell{{"  " + r.Reason, ""}, {strconv.FormatInt(r.Count, 10), deadColour}})
+	}
+	s.table(w, "  ", rows)
 
 	_, _ = fmt.Fprintln(w)
 	s.line(w, s.paint(colourBold, "Events"))
@@ -515,6 +545,14 @@ func consumerNote(now time.Time, c Consumer) cell {
 		return cell{"-", ""}
 	}
 	return cell{strings.Join(notes, "; "), colour}
+}
+
+// more says how many of a list the screen leaves out, and where they are.
+func more(n int, what string) string {
+	if n != 1 {
+		what += "s"
+	}
+	return fmt.Sprintf("%d more %s (-o yaml lists them)", n, what)
 }
 
 // dash is s, or "-" when it is empty.

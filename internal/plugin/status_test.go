@@ -64,6 +64,10 @@ func runningStatus(name string) *v1alpha1.SequentialInboxStatus {
 		Replicas: 2, ReplicasReady: 2, Selector: selectorOf(name),
 		Consumers: &v1alpha1.ConsumersStatus{UpdatedAt: ago(20 * time.Second), Lag: 12,
 			WaitingMessages: ptr.To(int64(4)), OldestWaitingSince: ptr.To(ago(12 * time.Minute)), InstancesExpiringSoon: ptr.To(int64(1)),
+			WaitingByType: []v1alpha1.WaitingTypeStatus{
+				{Type: "OrderShipped", Count: 3, OldestSince: ptr.To(ago(12 * time.Minute))},
+				{Type: "OrderValidated.STOCK_AVAILABLE", Count: 1, OldestSince: ptr.To(ago(2 * time.Minute))},
+			},
 			Pods: []v1alpha1.ConsumerPodStatus{
 				{Name: name + "-consumer-0", Ready: true, Partitions: "orders[0,1]", Lag: 5},
 				{Name: name + "-consumer-1", Ready: true, Partitions: "orders[2,3]", Lag: 7},
@@ -135,6 +139,7 @@ var statusStates = []struct {
 			Message: "Consumer order-inbox-consumer-0 has retried orders[1] at offset 4711 since 2026-12-01T11:53:00Z: store state: connection refused."}})
 		st.ReplicasReady = 1
 		st.Consumers.Lag, st.Consumers.DeadLettersLastHour = 2412, 3
+		st.Consumers.DeadLettersLastHourByReason = []v1alpha1.DeadLetterReasonCount{{Reason: "InvalidJSON", Count: 2}, {Reason: "ListenerFailed", Count: 1}}
 		st.Consumers.Pods[0].Lag, st.Consumers.Pods[0].Blocked = 2400, &v1alpha1.BlockedRecord{Topic: "orders", Partition: 1, Offset: 4711, Since: since,
 			Error: "store state: dial tcp 10.0.0.5:5432: connect: connection refused"}
 		st.Consumers.Pods[1].Ready, st.Consumers.Pods[1].Reason = false, "joining the consumer group"
@@ -152,6 +157,22 @@ var statusStates = []struct {
 		consumerPod(t, inbox, "order-inbox-consumer-1", 0)
 		inboxEvent(t, inbox, "e1", corev1.EventTypeNormal, "ProbeSucceeded", "Image ghcr.io/seqinbox/seqinbox:v2.0.0 speaks engine v2.0.0, claim protocol insert-first-v2.", 5*time.Minute, 1)
 		inboxEvent(t, inbox, "e2", corev1.EventTypeNormal, v1alpha1.AwaitingApprovalReason, "The rollout to v2.0.0 waits for approval.", time.Minute, 4)
+	}},
+	{"many-types-and-reasons", func(t *testing.T, ns string) {
+		st := runningStatus("order-inbox")
+		st.Consumers.WaitingMessages, st.Consumers.OldestWaitingSince = ptr.To(int64(61)), ptr.To(ago(3*time.Hour))
+		st.Consumers.WaitingByType = nil
+		for i, typ := range []string{"OrderShipped", "OrderDelivered", "OrderPaid", "InvoiceSent", "RefundIssued", "OrderValidated.STOCK_AVAILABLE", "ReturnReceived"} {
+			st.Consumers.WaitingByType = append(st.Consumers.WaitingByType,
+				v1alpha1.WaitingTypeStatus{Type: typ, Count: int64(20 - 3*i), OldestSince: ptr.To(ago(time.Duration(3*60-20*i) * time.Minute))})
+		}
+		st.Consumers.DeadLettersLastHour = 21
+		for i, reason := range []string{"ListenerFailed", "InvalidJSON", "UndeclaredType", "MissingIdempotenceID", "SequenceDeleted", "RecordRejected"} {
+			st.Consumers.DeadLettersLastHourByReason = append(st.Consumers.DeadLettersLastHourByReason, v1alpha1.DeadLetterReasonCount{Reason: reason, Count: int64(6 - i)})
+		}
+		inbox := createInbox(t, ns, "order-inbox", nil, st)
+		consumerPod(t, inbox, "order-inbox-consumer-0", 0)
+		consumerPod(t, inbox, "order-inbox-consumer-1", 0)
 	}},
 	{"no-consumers", func(t *testing.T, ns string) {
 		createInbox(t, ns, "order-inbox", func(in *v1alpha1.SequentialInbox) { in.Spec.Replicas = ptr.To(int32(0)) }, nil)

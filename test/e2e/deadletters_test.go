@@ -23,7 +23,7 @@ import (
 // InvalidJSON, and requires the built plugin to show it: `kubectl seqinbox deadletters
 // order-inbox list` (run in a consumer pod through pods/exec) with its reason, original topic,
 // partition and offset, type and idempotence ID, the same in -o json, and `kubectl seqinbox status`
-// counting it among the dead letters of the last hour.
+// counting it among the dead letters of the last hour, under its reason.
 func testPluginDeadLetters(t *testing.T, s *suite) {
 	id := fmt.Sprintf("poison-%d", time.Now().UnixNano())
 	poison := &kgo.Record{Topic: topic, Partition: 0, Value: []byte(`{"orderId": "not json`),
@@ -95,10 +95,11 @@ func testPluginDeadLetters(t *testing.T, s *suite) {
 		t.Errorf("--reason Poison: exit %d, want 2 and the list of reasons", code)
 	}
 
-	testenv.WaitUntil(t, "kubectl seqinbox status counts the dead letter of the last hour", 2*time.Minute, func() bool {
+	testenv.WaitUntil(t, "kubectl seqinbox status counts the dead letter of the last hour under its reason", 2*time.Minute, func() bool {
 		out, code = kubectlSeqinbox(t, "status", inboxName, "-n", namespace)
 		row := lineContaining(out, "Dead letters, last hour")
-		return code == 0 && row != "" && !strings.HasSuffix(strings.TrimSpace(row), " 0")
+		_, below, _ := strings.Cut(out, row)
+		return code == 0 && row != "" && !strings.HasSuffix(strings.TrimSpace(row), " 0") && strings.Contains(below, "\n    InvalidJSON ")
 	})
 	t.Logf("kubectl seqinbox status %s -n %s:\n%s", inboxName, namespace, out)
 }
