@@ -68,7 +68,7 @@ const insertStatesSQL = `WITH s AS (
   FROM m JOIN s ON s.message_type = m.message_type AND s.idempotence_id = m.idempotence_id
   WHERE s.keep_record
 )
-SELECT set_config('synchronous_commit', 'off', true) FROM m`
+SELECT ` + skipOwnFlushSQL + ` FROM m`
 
 // unclaimSQL deletes, inside T1, the claims of the batch's messages whose listener failed and of
 // those the batch did not get to: they commit with T1 as if they had been rolled back, so that a

@@ -142,8 +142,8 @@ const ceilingInsertSQL = `INSERT INTO bench_ceiling (k) VALUES ($1) ON CONFLICT 
 
 // BenchmarkThroughput measures engine messages/s with a no-op listener on distinct contexts, and
 // in the same run the raw ceiling: single-row INSERT … ON CONFLICT DO NOTHING commits/s at the
-// same concurrency on the same database. b.N messages and b.N ceiling inserts per round; ns/op
-// covers both and is not the figure to read.
+// same concurrency on the same database, and of-ceiling, the one divided by the other. b.N
+// messages and b.N ceiling inserts per round; ns/op covers both and is not the figure to read.
 func BenchmarkThroughput(b *testing.B) {
 	for _, workers := range []int{1, 4, 16} {
 		for _, v := range benchVariants {
@@ -225,7 +225,7 @@ func BenchmarkThroughput(b *testing.B) {
 				rate, ceilingRate := float64(b.N)/engine.Seconds(), float64(b.N)/ceiling.Seconds()
 				b.ReportMetric(rate, "msgs/s")
 				b.ReportMetric(ceilingRate, "ceiling-commits/s")
-				b.ReportMetric(rate/(ceilingRate/2), "of-half-ceiling")
+				b.ReportMetric(rate/ceilingRate, "of-ceiling")
 				if strings.HasPrefix(v.name, "steady") {
 					b.ReportMetric(float64(runWriters(b, pool, run))/float64(b.N), "writing-tx/msg")
 				}

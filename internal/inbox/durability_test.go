@@ -5,9 +5,9 @@ import (
 	"testing"
 )
 
-// The PROCESSED state of a delivered message commits without waiting for its WAL flush (T1's
-// commit, which follows, flushes it); a FAILED state, after which T1 rolls back, keeps the
-// server's setting. Either way the setting ends with the state's own transaction.
+// The PROCESSED state of a delivered message and a new instance commit without waiting for their
+// WAL flush (T1's commit, which follows, flushes them); a FAILED state, after which T1 rolls
+// back, keeps the server's setting. Either way the setting ends with the state's own transaction.
 func TestProcessedStateSkipsItsOwnFlushFailedStateKeepsIt(t *testing.T) {
 	h := newHarness(t, chainSet())
 	ctx := context.Background()
@@ -23,15 +23,21 @@ func TestProcessedStateSkipsItsOwnFlushFailedStateKeepsIt(t *testing.T) {
 	if serverDefault == "off" {
 		t.Skip("the server commits asynchronously anyway")
 	}
-	var instanceID int64
-	if err := conn.QueryRow(ctx, insertInstanceSQL, "chain", h.ctxID("c1"), h.clock.Now()).Scan(&instanceID); err != nil {
+	var (
+		instanceID int64
+		during     string
+	)
+	if err := conn.QueryRow(ctx, insertInstanceSQL, "chain", h.ctxID("c1"), h.clock.Now()).Scan(&instanceID, &during); err != nil {
 		t.Fatal(err)
+	}
+	if during != "off" {
+		t.Errorf("instance: synchronous_commit %q at its commit, want off", during)
 	}
 	for _, c := range []struct{ state, idem, want string }{
 		{stateProcessed, "m1", "off"},
 		{stateFailed, "m2", serverDefault},
 	} {
-		var during, after string
+		var after string
 		err := conn.QueryRow(ctx, insertStateSQL, instanceID, "A", h.prefix+c.idem, c.idem, "orders", 0, 1, c.state, nil,
 			[]byte("key"), []byte("value"), []byte("[]"), true).Scan(&during)
 		if err != nil {

@@ -19,10 +19,21 @@ import (
 
 // insertInstanceSQL creates an instance. Against an existing or concurrently created row it
 // returns no row; the re-read in the next statement (a new snapshot at READ COMMITTED) finds it.
+//
+// A new instance commits without waiting for its WAL flush (synchronous_commit off for its own
+// transaction, set in the same statement; the second column is that setting). Nothing durable
+// depends on the row before a claim references it, and the claim transaction that does commits
+// later and waits for its own flush, which covers every earlier WAL record. A server crash that
+// loses the row loses nothing that refers to it: the engine's cached id then fails the next
+// claim's foreign key and the instance is created again (errInstanceGone).
 const insertInstanceSQL = `INSERT INTO sequence_instance (name, context_id, retain_until)
 VALUES ($1, $2, $3)
 ON CONFLICT (name, context_id) DO NOTHING
-RETURNING id`
+RETURNING id, ` + skipOwnFlushSQL
+
+// skipOwnFlushSQL, in a statement of a transaction, lets that transaction commit without waiting
+// for its WAL flush, and only that one (is_local); it evaluates to "off".
+const skipOwnFlushSQL = `set_config('synchronous_commit', 'off', true)`
 
 // selectInstanceSQL re-reads an instance that the insert found existing.
 const selectInstanceSQL = `SELECT id FROM sequence_instance WHERE name = $1 AND context_id = $2`
@@ -42,7 +53,7 @@ func (e *Engine) getOrCreateInstance(ctx context.Context, q querier, seq *sequen
 	for range maxInstanceAttempts {
 		var id int64
 		retainUntil := e.clock.Now().Add(seq.Retention)
-		err := q.QueryRow(ctx, insertInstanceSQL, seq.Name, contextID, retainUntil).Scan(&id)
+		err := q.QueryRow(ctx, insertInstanceSQL, seq.Name, contextID, retainUntil).Scan(&id, nil)
 		if errors.Is(err, pgx.ErrNoRows) {
 			err = q.QueryRow(ctx, selectInstanceSQL, seq.Name, contextID).Scan(&id)
 		}
@@ -60,10 +71,14 @@ func (e *Engine) getOrCreateInstance(ctx context.Context, q querier, seq *sequen
 
 // insertInstancesSQL is insertInstanceSQL for the instances of a batch that the cache does not
 // know, inserted in the order of the arrays, which are sorted by (sequence, context ID): two
-// batches creating the same instances wait for each other but never in a cycle.
-const insertInstancesSQL = `INSERT INTO sequence_instance (name, context_id, retain_until)
-SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[])
-ON CONFLICT (name, context_id) DO NOTHING`
+// batches creating the same instances wait for each other but never in a cycle. Its transaction
+// commits without waiting for its WAL flush, for the reason insertInstanceSQL gives.
+const insertInstancesSQL = `WITH i AS (
+  INSERT INTO sequence_instance (name, context_id, retain_until)
+  SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[])
+  ON CONFLICT (name, context_id) DO NOTHING
+)
+SELECT ` + skipOwnFlushSQL
 
 // getOrCreateInstances sets the instance of every item of a batch, as getOrCreateInstance does
 // for one record: known ids from the cache, all others created or found in one round trip, in
