@@ -41,7 +41,8 @@ the first / is the ID) and its instance.
 
 The manifest gives the sequences and their release conditions; the database comes from
 --database-url or SEQINBOX_DATABASE_URL. Inspect only reads, in one read-only transaction: it
-changes no row, and never reads or prints a payload.`,
+changes no row, and never reads or prints a payload. In Kubernetes, 'kubectl seqinbox inspect'
+runs it in a consumer pod, with the pod's manifest and credentials.`,
 		Example: `  # What does order 42 wait for?
   seqinbox inspect -f inbox.yaml --database-url postgres://app@localhost/orders --context-id 42
 

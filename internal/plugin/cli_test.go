@@ -40,7 +40,7 @@ func pluginWithoutCluster(t *testing.T, args ...string) result {
 func TestHelpOfEveryCommandExitsZeroWithDescriptionAndExample(t *testing.T) {
 	root := NewRootCommand(genericiooptions.NewTestIOStreamsDiscard())
 	paths := append([][]string{nil}, commandPaths(root, nil)...)
-	for _, want := range []string{"status", "consume", "expire", "consume-all", "close", "approve", "report"} {
+	for _, want := range []string{"status", "inspect", "consume", "expire", "consume-all", "close", "approve", "report"} {
 		if !slices.ContainsFunc(paths, func(p []string) bool { return len(p) == 1 && p[0] == want }) {
 			t.Fatalf("no command %s in %v", want, paths)
 		}
@@ -103,7 +103,7 @@ func TestCompletionOffersTheInboxesOfTheNamespace(t *testing.T) {
 	ns := namespace(t, "completion")
 	createInbox(t, ns, "order-inbox", nil, nil)
 	createInbox(t, ns, "refund-inbox", nil, nil)
-	for _, cmd := range []string{"status", "consume", "approve", "report"} {
+	for _, cmd := range []string{"status", "inspect", "consume", "approve", "report"} {
 		r := plugin(t, testNow, "", cobra.ShellCompRequestCmd, cmd, "-n", ns, "")
 		if r.code != 0 || !strings.HasPrefix(r.stdout, "order-inbox\nrefund-inbox\n:4\n") {
 			t.Errorf("completion of %s: exit %d, stdout %q, stderr %q", cmd, r.code, r.stdout, r.stderr)

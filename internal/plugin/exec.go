@@ -10,6 +10,7 @@ import (
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -105,8 +106,13 @@ func readyConsumerPod(ctx context.Context, c *clients, inbox *v1alpha1.Sequentia
 	}
 	pod := newestReady(pods)
 	if pod == nil {
-		return nil, fmt.Errorf("SequentialInbox %s/%s has no ready consumer pod (of %d) to run the command in: `kubectl seqinbox status %s -n %s` shows why",
-			inbox.Namespace, inbox.Name, len(pods), inbox.Name, inbox.Namespace)
+		ready, reason := "<none>", "<none>"
+		if c := meta.FindStatusCondition(inbox.Status.Conditions, v1alpha1.ConditionReady); c != nil {
+			ready, reason = string(c.Status), c.Reason
+		}
+		return nil, fmt.Errorf("SequentialInbox %s/%s has no ready consumer pod (of %d) to run the command in; `kubectl get sqi %s -n %s` shows READY %s, REASON %s, REPLICAS %d, "+
+			"and `kubectl seqinbox status %s -n %s` shows why",
+			inbox.Namespace, inbox.Name, len(pods), inbox.Name, inbox.Namespace, ready, reason, inbox.Status.ReplicasReady, inbox.Name, inbox.Namespace)
 	}
 	return pod, nil
 }

@@ -60,13 +60,17 @@ func newRootCommand(streams genericiooptions.IOStreams, now func() time.Time) *c
 		Short: "Look at and act on seqinbox inboxes (SequentialInbox) from kubectl",
 		Long: `kubectl seqinbox shows a SequentialInbox on one screen (conditions that need attention, the
 rollout, the consumer pods with their partitions, lag and blocked record, waiting messages, dead
-letters and recent events), requests operator actions on messages and sequence instances and
-waits for their outcome, approves a Supervised rollout, and collects a support report.
+letters and recent events), shows one sequence instance and what its waiting messages wait for,
+requests operator actions on messages and sequence instances and waits for their outcome,
+approves a Supervised rollout, and collects a support report.
 
 It talks to the API server only, with your kubeconfig and the usual kubectl flags; what needs
 the inbox's database runs in the cluster with the inbox's own credentials.`,
 		Example: `  # The state of an inbox on one screen
   kubectl seqinbox status order-inbox -n shop
+
+  # What order 42 waits for, read in a consumer pod
+  kubectl seqinbox inspect order-inbox --context-id 42
 
   # Deliver a stuck message now, and wait for the outcome
   kubectl seqinbox consume order-inbox OrderPaid/order-42-paid
@@ -86,6 +90,7 @@ the inbox's database runs in the cluster with the inbox's own credentials.`,
 	_ = root.RegisterFlagCompletionFunc("context", e.completeContexts)
 	root.AddCommand(
 		newStatusCommand(e),
+		newInspectCommand(e),
 		newActionCommand(e, v1alpha1.ActionConsume),
 		newActionCommand(e, v1alpha1.ActionExpire),
 		newActionCommand(e, v1alpha1.ActionConsumeAll),

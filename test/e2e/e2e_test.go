@@ -64,6 +64,7 @@ func TestEndToEnd(t *testing.T) {
 		{"4_OutOfOrderDuplicatedStreamExactlyOnceInOrder", testStream},
 		{"4b_ConsumerStateInStatusMatchesMetrics", testConsumerStateInStatus},
 		{"4c_RecordBlockedByTheDatabaseInDegradedAndStatus", testBlockedRecordInDegraded},
+		{"4e_PluginInspectNamesTheMissingPredecessor", testPluginInspect},
 		{"4f_PluginDeadLettersListShowsThePoisonRecord", testPluginDeadLetters},
 		{"4d_FiveInboxesStartASteadyWindow", testSteadyInboxesStart},
 		{"5_ForceDeletedConsumerMidDelivery", testForceDelete},

@@ -139,7 +139,7 @@ func TestInstallBundleIsAcceptedAndItsRBACRunsTheOperator(t *testing.T) {
 			t.Errorf("%s %s is in namespace %s, want %s", obj.GetKind(), obj.GetName(), ns, namespace)
 		}
 	}
-	for kind, want := range map[string]int{"Namespace": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "ClusterRole": 4,
+	for kind, want := range map[string]int{"Namespace": 1, "CustomResourceDefinition": 2, "ServiceAccount": 1, "ClusterRole": 5,
 		"ClusterRoleBinding": 2, "Role": 1, "RoleBinding": 1, "Deployment": 1, "Service": 1} {
 		if kinds[kind] != want {
 			t.Errorf("the bundle has %d %s, want %d", kinds[kind], kind, want)
@@ -188,6 +188,7 @@ func TestInstallBundleIsAcceptedAndItsRBACRunsTheOperator(t *testing.T) {
 	scrapeOnlyWithTheMetricsReaderRole(t, cfg, admin, metricsURL)
 	seeds := testenv.Kafka(t, 1, "orders")
 	must(t, admin.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}))
+	inspectorRoleGrantsExecInItsNamespaceOnly(t, admin)
 	must(t, admin.Create(t.Context(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "shop"},
 		StringData: map[string]string{"url": "postgres://inbox@db.example:5432/orders"}}))
 	in := &v1alpha1.SequentialInbox{
@@ -368,5 +369,36 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// inspectorRoleGrantsExecInItsNamespaceOnly binds the bundle's inspector role in namespace shop to
+// a user: there she may read the inboxes and pods and exec into them, as `kubectl seqinbox
+// inspect` does, and nothing else, and in another namespace nothing.
+func inspectorRoleGrantsExecInItsNamespaceOnly(t *testing.T, admin client.Client) {
+	t.Helper()
+	must(t, admin.Create(t.Context(), &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "inspectors", Namespace: "shop"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "seqinbox-sequentialinbox-inspector-role"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "alice"}}}))
+	for _, check := range []struct {
+		attrs   authorizationv1.ResourceAttributes
+		allowed bool
+	}{
+		{authorizationv1.ResourceAttributes{Verb: "get", Group: "inbox.seqinbox.dev", Resource: "sequentialinboxes", Namespace: "shop"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "list", Resource: "pods", Namespace: "shop"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "create", Resource: "pods", Subresource: "exec", Namespace: "shop"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "get", Resource: "pods", Subresource: "exec", Namespace: "shop"}, true},
+		{authorizationv1.ResourceAttributes{Verb: "get", Resource: "secrets", Namespace: "shop"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "delete", Resource: "pods", Namespace: "shop"}, false},
+		{authorizationv1.ResourceAttributes{Verb: "create", Resource: "pods", Subresource: "exec", Namespace: "elsewhere"}, false},
+	} {
+		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: "alice", ResourceAttributes: &check.attrs}}
+		if err := admin.Create(t.Context(), review); err != nil {
+			t.Fatal(err)
+		}
+		if review.Status.Allowed != check.allowed {
+			t.Errorf("the inspector role lets alice %s %s %s/%s in %s: %v, want %v", check.attrs.Verb, check.attrs.Group, check.attrs.Resource,
+				check.attrs.Subresource, check.attrs.Namespace, review.Status.Allowed, check.allowed)
+		}
 	}
 }
