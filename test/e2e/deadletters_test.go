@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -132,7 +133,7 @@ func kubectlSeqinbox(t *testing.T, args ...string) (string, int) {
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
-	if exit, ok := err.(*exec.ExitError); ok {
+	if exit := (*exec.ExitError)(nil); errors.As(err, &exit) {
 		return out.String(), exit.ExitCode()
 	} else if err != nil {
 		t.Fatalf("run kubectl-seqinbox %s: %v", strings.Join(args, " "), err)
